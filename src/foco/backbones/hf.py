@@ -1,0 +1,244 @@
+"""`HFBackbone`: a frozen Hugging Face `transformers` CLIP or SigLIP model as a FoCo `Backbone`.
+
+The checkpoint is loaded with `from_pretrained` from a local directory (strictly offline:
+``local_files_only=True``) or from a hub id, which transformers resolves through the user's HF cache (set
+``HF_HUB_OFFLINE=1`` to forbid any network access). Preprocessing uses the checkpoint's own image processor
+(the PIL/numpy backend; torchvision is never required) and tokenizer, loaded separately with
+`AutoImageProcessor` and `AutoTokenizer` so that checkpoints whose processor class cannot be assembled by
+`AutoProcessor` still work.
+
+How every feature is put into the joint space of dimension D, per family
+(B = batch, P = number of patches, L = token positions, W = encoder width):
+
+CLIP (`CLIPModel`; D = ``projection_dim``)
+    * image global  = ``visual_projection(post_layernorm(h[:, 0]))``, L2-normalised, where ``h`` is the vision
+      encoder's ``last_hidden_state`` (B, 1 + P, W); this equals ``model.get_image_features``.
+    * image patches = ``visual_projection(post_layernorm(h[:, 1:]))`` (B, P, D): the CLS token's projection
+      applied to every patch token; not normalised.
+    * text tokens   = ``text_projection(t)`` (B, L, D), where ``t`` is the text model's ``last_hidden_state``
+      (already passed through ``final_layer_norm``); not normalised.
+    * text global   = ``text_projection(pooler_output)`` (the EOS token), L2-normalised; this equals
+      ``model.get_text_features``.
+    * texts are padded to the longest text in the batch (truncated at ``max_position_embeddings``) and the
+      attention mask is given to the model; mask = ``attention_mask.bool()``.
+
+SigLIP (`SiglipModel`; D = vision ``hidden_size``, which equals the text head's ``projection_size``)
+    * image global  = the vision ``pooler_output`` (the multi-head attention-pooling "MAP" head), normalised;
+      this equals ``model.get_image_features``.
+    * image patches = the vision ``last_hidden_state`` (B, P, D) (already ``post_layernorm``-ed, and as wide as
+      the embedding space); SigLIP has no CLS token and no projection after the MAP head, so no further
+      projection is applied; not normalised.
+    * text tokens   = ``text_model.head(t)`` (B, L, D), where ``t`` is the text ``last_hidden_state`` (already
+      ``final_layer_norm``-ed): the pooled token's linear head applied to every token; not normalised.
+    * text global   = the text ``pooler_output`` = ``head(t[:, -1])`` (the last position), normalised; this
+      equals ``model.get_text_features``.
+    * texts are padded with ``padding="max_length"`` to ``max_position_embeddings`` as SigLIP was trained, and
+      — again as trained, and as the stock SigLIP tokenizer does — only ``input_ids`` are given to the model
+      (no attention mask: padding positions are attended and the global is read at the last, usually padding,
+      position). The returned mask marks the real tokens: the tokenizer's attention mask (requested
+      explicitly), else ``input_ids != pad_token_id``.
+
+SigLIP 2 (``model_type == "siglip2"``, variable-resolution NaFlex inputs) is not supported and raises
+`ValueError`; fixed-resolution SigLIP 2 checkpoints published with a ``siglip`` config load as SigLIP.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from PIL import Image
+
+from foco.backbones.base import ImageFeatures, TextFeatures
+
+_CLIP = "clip"
+_SIGLIP = "siglip"
+_SUPPORTED = (_CLIP, _SIGLIP)
+
+
+def _looks_local(name_or_path: str) -> bool:
+    """True if `name_or_path` is written like a filesystem path rather than a hub id.
+
+    Hub ids are ``name`` or ``org/name`` (at most one ``/``, no leading ``.``, ``/`` or ``~``), so a string
+    starting with ``.``, ``/`` or ``~``, containing a non-``/`` path separator, or holding two or more ``/``
+    is a local path.
+    """
+    if name_or_path.startswith((".", "/", "~")):
+        return True
+    if os.sep != "/" and os.sep in name_or_path:
+        return True
+    return name_or_path.count("/") >= 2
+
+
+def _pooled(output: object) -> torch.Tensor:
+    """The embedding tensor of `get_image_features`/`get_text_features`, whichever form transformers returns.
+
+    transformers 4.x returns a tensor; 5.x returns a `BaseModelOutputWithPooling` whose `pooler_output` holds it.
+    """
+    if isinstance(output, torch.Tensor):
+        return output
+    pooled = getattr(output, "pooler_output", None)
+    if pooled is None:
+        pooled = output[1]  # type: ignore[index]  # tuple form: (last_hidden_state, pooler_output, ...)
+    return pooled
+
+
+def _needs_torchvision(processor: object) -> bool:
+    """True if `processor` is a torchvision-backed ("fast") image processor."""
+    if getattr(processor, "is_fast", False) or type(processor).__name__.endswith("Fast"):
+        return True
+    try:
+        from transformers.image_processing_backends import TorchvisionBackend
+    except ImportError:  # older transformers: fast processors are flagged by `is_fast` / the name
+        return False
+    return isinstance(processor, TorchvisionBackend)
+
+
+class HFBackbone:
+    """A frozen transformers CLIP or SigLIP model exposing FoCo's `Backbone` protocol.
+
+    See the module docstring for exactly how image patches and text tokens are projected into the joint
+    space for each family. The caller passes one batch per call; there is no internal batching.
+
+    Args:
+        name_or_path: A local checkpoint directory (loaded with ``local_files_only=True``) or a hub id
+            (resolved by transformers, e.g. from the user's HF cache).
+        device: Device the model runs on. Returned features are always on the CPU.
+        dtype: Dtype of the model weights. Returned features are always float32.
+
+    Attributes:
+        embed_dim: D, the dimension of the joint image-text embedding space.
+        num_patches: P, ``(image_size // patch_size) ** 2`` patch tokens per image.
+        family: ``"clip"`` or ``"siglip"``.
+        model: The underlying `CLIPModel` or `SiglipModel`, in eval mode with gradients disabled.
+        image_processor: The checkpoint's image processor.
+        tokenizer: The checkpoint's tokenizer.
+
+    Raises:
+        FileNotFoundError: If `name_or_path` is not an existing directory but looks like a local path (starts
+            with ``.``, ``/`` or ``~``, or has two or more ``/``; a single ``org/name`` is taken as a hub id).
+        ValueError: If the checkpoint's model type is neither CLIP nor SigLIP.
+    """
+
+    def __init__(
+        self,
+        name_or_path: str,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        from transformers import AutoConfig, AutoTokenizer, CLIPModel, SiglipModel
+
+        self.name_or_path = name_or_path
+        is_dir = os.path.isdir(os.path.expanduser(name_or_path))
+        if not is_dir and _looks_local(name_or_path):
+            raise FileNotFoundError(f"HFBackbone: checkpoint directory not found: {name_or_path!r}")
+        load_kw = {"local_files_only": True} if is_dir else {}
+        source = os.path.expanduser(name_or_path) if is_dir else name_or_path
+
+        config = AutoConfig.from_pretrained(source, **load_kw)
+        model_type = getattr(config, "model_type", None)
+        if model_type not in _SUPPORTED:
+            raise ValueError(
+                f"HFBackbone: {name_or_path!r} has model_type {model_type!r}; only CLIP ('clip') and "
+                f"SigLIP ('siglip') checkpoints are supported"
+            )
+        if model_type == _SIGLIP and not getattr(config.vision_config, "vision_use_head", True):
+            raise ValueError(
+                f"HFBackbone: SigLIP checkpoint {name_or_path!r} has no vision pooling head "
+                f"(vision_use_head=False), so it has no image global feature"
+            )
+        self.family: str = model_type
+        self.device = torch.device(device)
+        self.dtype = dtype
+
+        model_cls = CLIPModel if model_type == _CLIP else SiglipModel
+        self.model = model_cls.from_pretrained(source, config=config, dtype=dtype, **load_kw)
+        self.model.to(self.device).eval().requires_grad_(False)
+
+        self.image_processor = self._load_image_processor(source, load_kw)
+        self.tokenizer = AutoTokenizer.from_pretrained(source, **load_kw)
+
+        vision = config.vision_config
+        self.num_patches: int = (vision.image_size // vision.patch_size) ** 2  # P
+        if model_type == _CLIP:
+            self.embed_dim: int = config.projection_dim  # D
+        else:
+            self.embed_dim = vision.hidden_size  # D (= text projection_size)
+        self._max_text_len: int = config.text_config.max_position_embeddings
+
+    @staticmethod
+    def _load_image_processor(name_or_path: str, load_kw: dict):
+        """The checkpoint's image processor, on the PIL/numpy backend when torchvision is unavailable."""
+        from transformers import AutoImageProcessor
+
+        if importlib.util.find_spec("torchvision") is not None:
+            return AutoImageProcessor.from_pretrained(name_or_path, **load_kw)
+        try:
+            # transformers 5.x picks the PIL backend by itself when torchvision is missing.
+            processor = AutoImageProcessor.from_pretrained(name_or_path, **load_kw)
+        except ImportError:  # a torchvision-only ("fast") processor was picked
+            processor = None
+        if processor is None or _needs_torchvision(processor):
+            processor = AutoImageProcessor.from_pretrained(name_or_path, use_fast=False, **load_kw)
+        return processor
+
+    @property
+    def spec(self) -> str:
+        """The registry string that recreates this backbone."""
+        return f"hf:{self.name_or_path}"
+
+    def encode_images(self, images: Sequence[Image.Image]) -> ImageFeatures:
+        """Encodes a batch of B images into a normalised global (B, D) and projected patches (B, P, D)."""
+        rgb = [im.convert("RGB") for im in images]
+        with torch.inference_mode():
+            pixels = self.image_processor(images=rgb, return_tensors="pt")["pixel_values"]  # (B, 3, H, W)
+            pixels = pixels.to(self.device, self.dtype)  # (B, 3, H, W)
+            out = self.model.vision_model(pixel_values=pixels, return_dict=True)
+            hidden = out.last_hidden_state  # CLIP: (B, 1 + P, W); SigLIP: (B, P, D)
+            if self.family == _CLIP:
+                normed = self.model.vision_model.post_layernorm(hidden)  # (B, 1 + P, W)
+                projected = self.model.visual_projection(normed)  # (B, 1 + P, D)
+                global_ = projected[:, 0]  # (B, D)
+                patches = projected[:, 1:]  # (B, P, D)
+            else:
+                global_ = out.pooler_output  # (B, D), MAP head
+                patches = hidden  # (B, P, D), already post_layernorm-ed
+            global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
+        return ImageFeatures(global_=global_.cpu(), patches=patches.float().cpu())
+
+    def encode_texts(self, texts: Sequence[str]) -> TextFeatures:
+        """Encodes a batch of B texts into a normalised global (B, D), projected tokens (B, L, D) and a mask."""
+        tok = self.tokenizer
+        padding = True if self.family == _CLIP else "max_length"
+        with torch.inference_mode():
+            enc = tok(
+                list(texts),
+                padding=padding,
+                truncation=True,
+                max_length=self._max_text_len,
+                return_attention_mask=True,
+                return_tensors="pt",
+            )
+            input_ids = enc["input_ids"]  # (B, L)
+            if enc.get("attention_mask") is not None:
+                mask = enc["attention_mask"].bool()  # (B, L)
+            else:
+                mask = input_ids != tok.pad_token_id  # (B, L)
+            input_ids = input_ids.to(self.device)  # (B, L)
+            text_model = self.model.text_model
+            if self.family == _CLIP:
+                out = text_model(
+                    input_ids=input_ids, attention_mask=mask.to(self.device).long(), return_dict=True
+                )
+                hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
+                tokens = self.model.text_projection(hidden)  # (B, L, D)
+                global_ = self.model.text_projection(out.pooler_output)  # (B, D), EOS token
+            else:
+                out = text_model(input_ids=input_ids, return_dict=True)  # no mask, as SigLIP was trained
+                hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
+                tokens = text_model.head(hidden)  # (B, L, D)
+                global_ = out.pooler_output  # (B, D) = head(hidden[:, -1])
+            global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
+        return TextFeatures(global_=global_.cpu(), tokens=tokens.float().cpu(), mask=mask.cpu())

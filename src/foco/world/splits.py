@@ -1,0 +1,38 @@
+"""What the feature cache encodes for each world split."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..backbones.base import Backbone
+from ..features import ExtractConfig, extract_images, extract_texts
+from ..utils.io import read_jsonl
+from .manifest import load_benchmark, load_pairs
+
+
+def split_items(world: str | Path, split: str) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
+    """(image id, path) and (text id, text) items of a split.
+
+    Pairs splits ("pretrain", "train", "backbone_val"): every image; every caption, local caption and contextual
+    caption once (the text is its own id). Benchmarks ("val/single", "test/multi", ...): the gallery images and
+    the modification texts.
+    """
+    world = Path(world)
+    if "/" in split:
+        bench_split, protocol = split.split("/", 1)
+        b = load_benchmark(world, bench_split, protocol)
+        texts = list(dict.fromkeys(b.modifications))
+        return list(zip(b.gallery_ids, b.gallery_images)), [(t, t) for t in texts]
+    pairs = load_pairs(world, split)
+    texts: dict[str, None] = {}
+    for p in pairs:
+        texts[p.caption] = None
+        for pair in p.decomposition.pairs:
+            texts[pair.local] = None
+            texts[pair.context] = None
+    return [(p.id, p.image) for p in pairs], [(t, t) for t in texts]
+
+
+def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: str | Path,
+                        cfg: ExtractConfig = ExtractConfig()) -> dict[str, dict]:
+    images, texts = split_items(world, split)
+    return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}
