@@ -86,7 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
     t = bb.add_parser("train", help="pretrain the world backbone contrastively on the pretrain split")
     t.add_argument("--world", required=True)
     t.add_argument("--out", required=True)
-    t.add_argument("--epochs", type=int, default=10)
+    t.add_argument("--epochs", type=int, default=6)
     t.add_argument("--batch-size", type=int, default=256)
     t.add_argument("--lr", type=float, default=2e-3)
     t.add_argument("--seed", type=int, default=0)

@@ -11,10 +11,12 @@ them in one joint embedding space:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, Sequence, runtime_checkable
 
 import torch
-from PIL import Image
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 
 @dataclass
@@ -41,7 +43,7 @@ class Backbone(Protocol):
     embed_dim: int  # D
     num_patches: int  # P
 
-    def encode_images(self, images: Sequence[Image.Image]) -> ImageFeatures: ...
+    def encode_images(self, images: Sequence["Image.Image"]) -> ImageFeatures: ...
 
     def encode_texts(self, texts: Sequence[str]) -> TextFeatures: ...
 

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class BackboneTrainConfig:
-    epochs: int = 10
+    epochs: int = 6
     batch_size: int = 256
     lr: float = 2e-3
     weight_decay: float = 0.05

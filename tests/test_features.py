@@ -1,0 +1,112 @@
+"""The feature cache: shards with ids, exact round trip, resume after an interruption, refusal to mix caches."""
+import json
+
+import pytest
+import torch
+
+from foco.backbones.base import ImageFeatures, TextFeatures
+from foco.features import ExtractConfig, FeatureCache, extract_images, extract_texts
+from foco.world.splits import extract_world_split, split_items
+
+
+class HashBackbone:
+    """A deterministic stand-in encoder: features derived from pixel sums and text lengths."""
+
+    embed_dim, num_patches = 8, 4
+
+    def __init__(self, name="hash", fail_after=None):
+        self.spec, self.calls, self.fail_after = f"test:{name}", 0, fail_after
+
+    def _tick(self):
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise KeyboardInterrupt("simulated kill")
+
+    def encode_images(self, images):
+        self._tick()
+        g = torch.stack([torch.tensor([float(sum(im.getpixel((i, i)))) for i in range(8)]) for im in images])
+        return ImageFeatures(torch.nn.functional.normalize(g, dim=-1), g[:, None, :].repeat(1, 4, 1) / 100)
+
+    def encode_texts(self, texts):
+        self._tick()
+        L = max(len(t.split()) for t in texts)
+        g = torch.stack([torch.tensor([float(len(t) + k) for k in range(8)]) for t in texts])
+        tokens = torch.zeros(len(texts), L, 8)
+        mask = torch.zeros(len(texts), L, dtype=torch.bool)
+        for i, t in enumerate(texts):
+            n = len(t.split())
+            tokens[i, :n] = g[i] / 100
+            mask[i, :n] = True
+        return TextFeatures(torch.nn.functional.normalize(g, dim=-1), tokens, mask)
+
+
+def test_round_trip_matches_direct_encoding(tmp_path, tiny_world):
+    bb = HashBackbone()
+    cfg = ExtractConfig(shard_size=50, batch_size=16, dtype="float32")
+    stats = extract_world_split(bb, tiny_world, "backbone_val", tmp_path / "c", cfg)
+    images, texts = split_items(tiny_world, "backbone_val")
+    assert stats["images"]["items"] == len(images) == 200
+    assert len(list((tmp_path / "c" / "images").glob("*.safetensors"))) == 4
+    cache = FeatureCache(tmp_path / "c")
+    ids, f = cache.images()
+    assert ids == [i for i, _ in images]
+    from foco.utils.io import load_image
+    direct = bb.encode_images([load_image(p) for _, p in images[:5]])
+    assert torch.allclose(f.global_[:5], direct.global_) and torch.allclose(f.patches[:5], direct.patches)
+    tids, tf = cache.texts()
+    assert tids == [i for i, _ in texts] and len(set(tids)) == len(tids)
+    # captions, local and contextual captions are all there
+    assert any(t.startswith("a ") and len(t.split()) <= 4 for t in tids)
+    d = bb.encode_texts([texts[7][1]])
+    n = int(d.mask.sum())
+    assert torch.allclose(tf.global_[7], d.global_[0]) and tf.mask[7].sum() == n
+    assert torch.allclose(tf.tokens[7, :n], d.tokens[0, :n])
+    assert json.loads((tmp_path / "c" / "manifest.json").read_text())["backbone"] == "test:hash"
+
+
+def test_resume_after_interruption_encodes_only_missing_shards(tmp_path, tiny_world):
+    images, _ = split_items(tiny_world, "backbone_val")
+    cfg = ExtractConfig(shard_size=40, batch_size=20)
+    with pytest.raises(KeyboardInterrupt):
+        extract_images(HashBackbone(fail_after=5), images, tmp_path / "c", cfg)
+    done = sorted(p.name for p in (tmp_path / "c" / "images").glob("*.json"))
+    assert done == ["shard-00000.json", "shard-00001.json"]
+    bb = HashBackbone()
+    stats = extract_images(bb, images, tmp_path / "c", cfg)
+    assert stats["encoded"] == 120 and bb.calls == 6
+    ids, f = FeatureCache(tmp_path / "c").images()
+    assert ids == [i for i, _ in images]
+    ref = tmp_path / "ref"
+    extract_images(HashBackbone(), images, ref, cfg)
+    assert torch.equal(FeatureCache(ref).images()[1].global_, f.global_)
+    # a finished cache is not re-encoded
+    bb = HashBackbone()
+    assert extract_images(bb, images, tmp_path / "c", cfg)["encoded"] == 0 and bb.calls == 0
+
+
+def test_cache_refuses_other_backbone_or_items(tmp_path, tiny_world):
+    images, _ = split_items(tiny_world, "backbone_val")
+    cfg = ExtractConfig(shard_size=100)
+    extract_images(HashBackbone(), images[:100], tmp_path / "c", cfg)
+    with pytest.raises(ValueError, match="backbone"):
+        extract_images(HashBackbone("other"), images[:100], tmp_path / "c", cfg)
+    with pytest.raises(ValueError, match="another list of images"):
+        extract_images(HashBackbone(), images[:90], tmp_path / "c", cfg)
+
+
+def test_benchmark_split_items(tiny_world):
+    images, texts = split_items(tiny_world, "val/single")
+    assert len(images) > 40 and 0 < len(texts) <= 40
+
+
+def test_cli_extract_with_world_backbone(tmp_path, tiny_world, capsys):
+    from foco.backbones.world import WorldBackboneConfig, WorldCLIP, save_world_checkpoint
+    from foco.cli import main
+    save_world_checkpoint(WorldCLIP(WorldBackboneConfig(widths=(8, 16, 32), embed_dim=32, text_width=32,
+                                                        text_layers=1, text_heads=2)), tmp_path / "bb")
+    assert main(["features", "extract", "--backbone", f"world:{tmp_path / 'bb'}", "--world", str(tiny_world),
+                 "--split", "val/multi", "--out", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    assert "images:" in out and "texts:" in out
+    ids, f = FeatureCache(tmp_path / "c").images()
+    assert f.patches.shape == (len(ids), 64, 32)
