@@ -24,9 +24,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/foco world generate --out $(RUNS)/world --size $(SIZE)
-	$(VENV)/bin/foco backbone train --world $(RUNS)/world --out $(RUNS)/backbone
-	$(VENV)/bin/foco features extract --backbone world:$(RUNS)/backbone --world $(RUNS)/world --split backbone_val --out $(RUNS)/features/backbone_val
+	$(VENV)/bin/foco quickstart --out $(RUNS)/quickstart --size $(SIZE)
 
 test: install
 	$(PY) -m pytest

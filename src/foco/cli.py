@@ -59,6 +59,50 @@ def _features_extract(a: argparse.Namespace) -> int:
     return 0
 
 
+def _train(a: argparse.Namespace) -> int:
+    from .data import build_pair_table
+    from .model import FoCoConfig
+    from .train import FoCoTrainConfig, train_foco
+    from .utils.io import read_json
+    from .world.manifest import load_pairs
+    cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
+                          lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
+                          max_negatives=a.max_negatives, seed=a.seed,
+                          model=FoCoConfig(learn_bias=a.learn_bias))
+    decompositions = {p.id: p.decomposition for p in load_pairs(a.world, a.split)}
+    table = build_pair_table(a.features, decompositions)
+    backbone = read_json(Path(a.features) / "manifest.json")["backbone"]
+    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": backbone})
+    print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
+          f"curve {a.out}/loss_curve.png")
+    return 0
+
+
+def _eval(a: argparse.Namespace) -> int:
+    from .baselines import build_method
+    from .evaluate import evaluate_method, load_benchmark_features
+    from .quickstart import results_table
+    results = {"benchmark": f"world/{a.split}", "protocols": {}, "methods": {}}
+    for protocol in a.protocols.split(","):
+        bf = load_benchmark_features(a.world, a.split, protocol, Path(a.features) / f"{a.split}-{protocol}")
+        results["protocols"][protocol] = {"queries": len(bf.ref_index), "gallery": len(bf.bench.gallery_ids)}
+        for name in a.methods.split(","):
+            results["methods"].setdefault(name, {}).update(evaluate_method(build_method(name, a.checkpoint), bf))
+    print(results_table(results))
+    if a.out:
+        Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _quickstart(a: argparse.Namespace) -> int:
+    from .quickstart import results_table, run_quickstart
+    t0 = time.time()
+    results = run_quickstart(a.out, a.size, a.seed)
+    print(results_table(results))
+    print(f"\nresults in {a.out}/results.json, figures in {a.out}/attention/ ({time.time() - t0:.0f}s)")
+    return 0
+
+
 def _print_table(title: str, metrics: dict) -> None:
     print(f"\n| {title} | value |\n|---|---|")
     for k, v in metrics.items():
@@ -111,6 +155,39 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     x.add_argument("--no-patches", action="store_true", help="store only global image features")
     x.set_defaults(func=_features_extract)
+
+    tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
+    tr.add_argument("--features", required=True, help="feature cache of the training split")
+    tr.add_argument("--world", required=True, help="world folder (oracle decompositions)")
+    tr.add_argument("--split", default="train")
+    tr.add_argument("--out", required=True)
+    tr.add_argument("--stage1-epochs", type=int, default=3)
+    tr.add_argument("--stage2-epochs", type=int, default=30)
+    tr.add_argument("--batch-size", type=int, default=512)
+    tr.add_argument("--lr-stage1", type=float, default=5e-4)
+    tr.add_argument("--lr-aggr", type=float, default=5e-5)
+    tr.add_argument("--lr-comp", type=float, default=3e-5)
+    tr.add_argument("--max-negatives", type=int, default=None, help="cap on cross-instance negatives per anchor")
+    tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    tr.set_defaults(func=_train)
+
+    ev = sub.add_parser("eval", help="evaluate methods on a world benchmark from cached features")
+    ev.add_argument("--world", required=True)
+    ev.add_argument("--split", default="test", choices=["val", "test"])
+    ev.add_argument("--features", required=True, help="folder holding <split>-<protocol> caches")
+    ev.add_argument("--protocols", default="single,multi")
+    ev.add_argument("--methods", default="foco,image,text,sum")
+    ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
+    ev.add_argument("--out", default=None, help="write the results as JSON here")
+    ev.set_defaults(func=_eval)
+
+    qs = sub.add_parser("quickstart", help="world -> backbone -> decompositions -> FoCo -> evaluation")
+    qs.add_argument("--out", required=True)
+    qs.add_argument("--size", default="default", choices=["tiny", "default"])
+    qs.add_argument("--seed", type=int, default=0)
+    qs.set_defaults(func=_quickstart)
     return p
 
 
@@ -122,7 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     from .utils.io import ImageLoadError, ManifestError
     try:
         return args.func(args)
-    except (ManifestError, ImageLoadError, FileNotFoundError, ValueError) as exc:
+    except (ManifestError, ImageLoadError, FileNotFoundError, FileExistsError, ValueError) as exc:
         print(f"foco: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -125,7 +125,9 @@ def extract_images(backbone: Backbone, items: Sequence[tuple[str, str | Path]], 
 
 def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str | Path,
                   cfg: ExtractConfig = ExtractConfig()) -> dict:
-    """Encodes texts given as (id, text) into `out`/texts."""
+    """Encodes texts given as (id, text) into `out`/texts. Texts are stored shortest first, so that batches of
+    similar length waste little padding; read them back by id."""
+    items = sorted(items, key=lambda it: len(it[1]))
     def encode(texts):
         f = backbone.encode_texts(texts)
         return {"global": f.global_, **({"tokens": f.tokens, "mask": f.mask} if cfg.tokens else {})}
@@ -156,14 +158,18 @@ class FeatureCache:
                 parts.setdefault(name, []).append(t)
         return ids, {name: _cat(ts) for name, ts in parts.items()}
 
-    def images(self) -> tuple[list[str], ImageFeatures]:
+    def images(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], ImageFeatures]:
+        """Ids and features; globals are float32 and re-normalised, patches in `dtype` (None: as stored)."""
         ids, t = self._load("images")
         g = torch.nn.functional.normalize(t["global"].float(), dim=-1)
-        return ids, ImageFeatures(g, t["patches"].float() if "patches" in t else torch.empty(len(ids), 0, g.shape[1]))
+        patches = t["patches"] if "patches" in t else torch.empty(len(ids), 0, g.shape[1])
+        return ids, ImageFeatures(g, patches if dtype is None else patches.to(dtype))
 
-    def texts(self) -> tuple[list[str], TextFeatures]:
+    def texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], TextFeatures]:
+        """Ids and features; globals are float32 and re-normalised, tokens in `dtype` (None: as stored)."""
         ids, t = self._load("texts")
         g = torch.nn.functional.normalize(t["global"].float(), dim=-1)
         if "tokens" in t:
-            return ids, TextFeatures(g, t["tokens"].float(), t["mask"].bool())
+            tokens = t["tokens"] if dtype is None else t["tokens"].to(dtype)
+            return ids, TextFeatures(g, tokens, t["mask"].bool())
         return ids, TextFeatures(g, torch.empty(len(ids), 0, g.shape[1]), torch.empty(len(ids), 0, dtype=torch.bool))

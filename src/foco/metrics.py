@@ -32,3 +32,34 @@ def diagonal_recalls(scores: torch.Tensor, ks: Sequence[int] = (1, 5, 10)) -> di
     ranking = rank_by_score(scores, max(ks))
     targets = [[q] for q in range(scores.shape[0])]
     return {f"R@{k}": recall_at_k(ranking, targets, k) for k in ks}
+
+
+def subset_recall_at_k(subset_rankings: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], k: int) -> float:
+    """CIRR's Recall_subset@K: each query ranks only its own subset members (reference already removed)."""
+    if len(subset_rankings) != len(targets) or not targets:
+        raise ValueError("need one subset ranking per query, and at least one query")
+    hits = [bool(set(map(int, r[:k])) & set(map(int, t))) for r, t in zip(subset_rankings, targets)]
+    return 100.0 * sum(hits) / len(hits)
+
+
+def average_precision_at_k(ranked: Sequence[int], targets: Sequence[int], k: int) -> float:
+    """AP@K as the CIRCO evaluator computes it:
+    labels = [r in gt for r in ranked[:K]]; prec_n = (#hits in the first n) * labels_n / n;
+    AP@K = sum(prec[:K]) / min(len(gt), K). Predictions are expected to be unique ids."""
+    gt = set(map(int, targets))
+    hits, total = 0, 0.0
+    for n, r in enumerate(ranked[:k], 1):
+        if int(r) in gt:
+            hits += 1
+            total += hits / n
+    return total / min(len(gt), k)
+
+
+def map_at_k(ranking: torch.Tensor, targets: Sequence[Sequence[int]], k: int) -> float:
+    """100 * mean over queries of AP@K (CIRCO's mAP@K)."""
+    if ranking.shape[0] != len(targets) or not targets:
+        raise ValueError("need one ranking per query, and at least one query")
+    if ranking.shape[1] < k:
+        raise ValueError(f"rankings hold {ranking.shape[1]} items, fewer than K = {k}")
+    return 100.0 * sum(average_precision_at_k(ranking[q, :k].tolist(), t, k)
+                       for q, t in enumerate(targets)) / len(targets)

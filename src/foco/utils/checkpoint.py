@@ -44,10 +44,12 @@ def _optimizer_from_flat(opt: torch.optim.Optimizer, tensors: dict[str, torch.Te
 
 
 def save_training_state(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        numpy_rng: np.random.Generator | None, progress: dict[str, Any]) -> None:
+                        numpy_rng: np.random.Generator | None, progress: dict[str, Any],
+                        extra_tensors: dict[str, torch.Tensor] | None = None) -> None:
     from safetensors.torch import save as st_save
     path = Path(path)
     tensors = {f"model/{k}": v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    tensors.update({f"extra/{k}": v.detach().cpu().contiguous() for k, v in (extra_tensors or {}).items()})
     opt_tensors, opt_meta = _optimizer_to_flat(optimizer)
     tensors.update(opt_tensors)
     tensors["rng/torch"] = torch.get_rng_state()
@@ -63,7 +65,8 @@ def has_training_state(path: str | Path) -> bool:
 
 def load_training_state(path: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         numpy_rng: np.random.Generator | None) -> dict[str, Any]:
-    """Restores everything `save_training_state` wrote and returns the progress counters."""
+    """Restores everything `save_training_state` wrote and returns the progress counters, with the extra
+    tensors under progress["extra_tensors"]."""
     from safetensors.torch import load_file
     path = Path(path)
     meta = read_json(path / STATE_JSON)
@@ -73,4 +76,5 @@ def load_training_state(path: str | Path, model: torch.nn.Module, optimizer: tor
     torch.set_rng_state(tensors["rng/torch"])
     if numpy_rng is not None and meta.get("numpy_rng") is not None:
         numpy_rng.bit_generator.state = meta["numpy_rng"]
-    return meta["progress"]
+    return {**meta["progress"],
+            "extra_tensors": {k[len("extra/"):]: v for k, v in tensors.items() if k.startswith("extra/")}}

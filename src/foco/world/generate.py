@@ -150,6 +150,12 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
     """
     out = Path(out)
     summary_path = out / "world.json"
+    if summary_path.is_file():
+        existing = json.loads(summary_path.read_text())
+        if existing.get("config") == json.loads(json.dumps(asdict(cfg))):
+            log.info("world in %s is complete; reusing it", out)
+            return existing
+        raise FileExistsError(f"{out} holds a world generated with another config; choose another --out")
     manifests = plan_world(cfg)
     jobs = []
     for name, recs in manifests.items():

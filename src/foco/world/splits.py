@@ -9,7 +9,8 @@ from ..utils.io import read_jsonl
 from .manifest import load_benchmark, load_pairs
 
 
-def split_items(world: str | Path, split: str) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
+def split_items(world: str | Path, split: str, include_captions: bool = True
+                ) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
     """(image id, path) and (text id, text) items of a split.
 
     Pairs splits ("pretrain", "train", "backbone_val"): every image; every caption, local caption and contextual
@@ -25,7 +26,8 @@ def split_items(world: str | Path, split: str) -> tuple[list[tuple[str, Path]], 
     pairs = load_pairs(world, split)
     texts: dict[str, None] = {}
     for p in pairs:
-        texts[p.caption] = None
+        if include_captions:
+            texts[p.caption] = None
         for pair in p.decomposition.pairs:
             texts[pair.local] = None
             texts[pair.context] = None
@@ -33,6 +35,8 @@ def split_items(world: str | Path, split: str) -> tuple[list[tuple[str, Path]], 
 
 
 def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: str | Path,
-                        cfg: ExtractConfig = ExtractConfig()) -> dict[str, dict]:
-    images, texts = split_items(world, split)
+                        cfg: ExtractConfig = ExtractConfig(), include_captions: bool = True) -> dict[str, dict]:
+    """Encodes a split's images and texts into `out`. FoCo training needs only the local and contextual captions;
+    `include_captions=False` skips the full captions."""
+    images, texts = split_items(world, split, include_captions)
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}

@@ -1,0 +1,83 @@
+"""The composed-query encoder: reference image + modification text -> one normalised query vector.
+
+The same object serves training (through `aggregate` and `complete` on batched grids), evaluation and retrieval
+(through `encode`). At inference the modification text plays both the anchor c and the context X (paper §3.4).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+
+from ..backbones.base import ImageFeatures, TextFeatures
+from .aggr import FAggr
+from .comp import FComp
+
+
+@dataclass
+class FoCoConfig:
+    dim: int = 256  # D, the backbone's joint-space width (set from the backbone)
+    heads: int = 8  # attention heads in F_Aggr and F_Comp
+    comp_depth: int = 2  # transformer blocks in F_Comp
+    aggr_mlp_ratio: float = 2.0
+    comp_mlp_ratio: float = 4.0
+    use_background: bool = True  # put the inverse-attention background into F_Comp's sequence
+    anchor_init: bool = True  # F_Comp's query starts from v_loc (False: a learned token)
+    init_temperature: float = 0.1  # tau at the start; learnable
+    learn_bias: bool = False  # a learnable logit bias in the sigmoid loss (off = paper-exact)
+    init_bias: float = -10.0  # the bias's starting value when learn_bias is on (SigLIP's choice)
+
+
+@dataclass
+class ComposedQuery:
+    query: torch.Tensor  # (B, D) normalised h
+    attention: torch.Tensor | None  # (B, P) F_Aggr's head-averaged attention on the reference's patches
+    v_loc: torch.Tensor | None  # (B, D); None for methods without F_Aggr
+
+
+class ComposedQueryEncoder(nn.Module):
+    """F_Aggr + F_Comp and the loss temperatures/biases."""
+
+    def __init__(self, cfg: FoCoConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio)
+        self.comp = FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background,
+                          cfg.anchor_init)
+        t0 = torch.tensor(1.0 / cfg.init_temperature).log()
+        self.log_scale_aggr = nn.Parameter(t0.clone())  # log(1/tau) for L_aggr
+        self.log_scale_comp = nn.Parameter(t0.clone())  # log(1/tau) for L_comp
+        b0 = cfg.init_bias if cfg.learn_bias else 0.0  # off: b = 0 for good, as in the paper
+        self.bias_aggr = nn.Parameter(torch.tensor(b0), requires_grad=cfg.learn_bias)
+        self.bias_comp = nn.Parameter(torch.tensor(b0), requires_grad=cfg.learn_bias)
+
+    def encode(self, reference: ImageFeatures, modification: TextFeatures,
+               attn_bias: torch.Tensor | None = None) -> ComposedQuery:
+        """B reference images and B modification texts -> B composed queries (pairwise, not a grid)."""
+        v_loc, background, attn = self.aggr(modification.global_[:, None, :], reference.global_,
+                                            reference.patches, attn_bias=attn_bias)  # (B, 1, D), (B, 1, D), (B, 1, P)
+        h = self.comp(v_loc, background, modification.tokens, modification.mask)  # (B, 1, D)
+        return ComposedQuery(h[:, 0], attn[:, 0], v_loc[:, 0])
+
+    def save(self, path: str | Path) -> None:
+        from safetensors.torch import save as st_save
+        from ..utils.io import atomic_write_bytes, atomic_write_text
+        path = Path(path)
+        atomic_write_bytes(path / "foco.safetensors",
+                           st_save({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}))
+        atomic_write_text(path / "foco.json", json.dumps({"model": "foco", "config": asdict(self.cfg)}, indent=2))
+
+    @staticmethod
+    def load(path: str | Path) -> "ComposedQueryEncoder":
+        from safetensors.torch import load_file
+        from ..utils.io import read_json
+        path = Path(path)
+        meta = read_json(path / "foco.json")
+        if meta.get("model") != "foco":
+            raise ValueError(f"{path / 'foco.json'} is not a FoCo checkpoint config")
+        model = ComposedQueryEncoder(FoCoConfig(**meta["config"]))
+        model.load_state_dict(load_file(str(path / "foco.safetensors")))
+        return model.eval()

@@ -1,0 +1,142 @@
+"""`foco quickstart`: world -> backbone -> oracle decompositions -> FoCo training -> evaluation, end to end.
+
+Every stage reuses what an earlier run left in the output folder, so a second run only re-evaluates.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .backbones.train_world import BackboneTrainConfig, train_world_backbone
+from .backbones.world import WorldBackboneConfig, load_world_backbone
+from .baselines import METHODS, build_method
+from .data import build_pair_table
+from .evaluate import compose_queries, load_benchmark_features, score_queries
+from .features import ExtractConfig
+from .index import ExactIndex
+from .model import FoCoConfig
+from .train import FoCoTrainConfig, train_foco
+from .utils.io import atomic_write_text, load_image
+from .viz import retrieval_figure
+from .world.generate import generate_world, world_config
+from .world.manifest import load_pairs
+from .world.splits import extract_world_split
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class QuickstartPlan:
+    size: str
+    backbone: BackboneTrainConfig
+    foco: FoCoTrainConfig
+    benchmark_split: str = "test"
+    figures: int = 6
+
+
+def quickstart_plan(size: str) -> QuickstartPlan:
+    """World-sized settings. The paper's recipe (lr 5e-4, then 5e-5/3e-5, batch 512, 3 + 30 epochs) is for CC3M;
+    the world has 10k pairs, so fewer, larger steps."""
+    if size == "tiny":
+        return QuickstartPlan(
+            size, BackboneTrainConfig(epochs=8, batch_size=64),
+            FoCoTrainConfig(stage1_epochs=2, stage2_epochs=4, batch_size=64, lr_stage1=1e-3, lr_aggr=5e-4,
+                            lr_comp=5e-4, model=FoCoConfig()))
+    return QuickstartPlan(
+        size, BackboneTrainConfig(epochs=6, batch_size=256),
+        FoCoTrainConfig(stage1_epochs=2, stage2_epochs=6, batch_size=128, lr_stage1=1e-3, lr_aggr=3e-4,
+                        lr_comp=3e-4, max_negatives=63, model=FoCoConfig()))
+
+
+def _stage(name: str):
+    log.info("== %s", name)
+    return time.time()
+
+
+def run_quickstart(out: str | Path, size: str = "default", seed: int = 0) -> dict:
+    out = Path(out)
+    plan = quickstart_plan(size)
+    timings = {}
+    t = _stage("world")
+    world = out / "world"
+    generate_world(world, world_config(size, seed=seed))
+    timings["world_s"] = time.time() - t
+
+    t = _stage("backbone")
+    bb_dir = out / "backbone"
+    if not (bb_dir / "metrics.json").is_file():
+        train_world_backbone(world, bb_dir, plan.backbone)
+    backbone = load_world_backbone(bb_dir)
+    timings["backbone_s"] = time.time() - t
+
+    t = _stage("features")
+    feats = out / "features"
+    xcfg = ExtractConfig()
+    extract_world_split(backbone, world, "train", feats / "train", xcfg, include_captions=False)
+    for protocol in ("single", "multi"):
+        extract_world_split(backbone, world, f"{plan.benchmark_split}/{protocol}", feats / f"{plan.benchmark_split}-{protocol}", xcfg)
+    timings["features_s"] = time.time() - t
+
+    t = _stage("FoCo training (oracle decompositions)")
+    foco_dir = out / "foco"
+    if not (foco_dir / "foco.safetensors").is_file():
+        decompositions = {p.id: p.decomposition for p in load_pairs(world, "train")}
+        table = build_pair_table(feats / "train", decompositions)
+        train_foco(table, foco_dir, plan.foco, resume=True, meta={"backbone": backbone.spec})
+    timings["foco_train_s"] = time.time() - t
+
+    t = _stage("evaluation")
+    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "protocols": {}, "methods": {}}
+    for protocol in ("single", "multi"):
+        bf = load_benchmark_features(world, plan.benchmark_split, protocol, feats / f"{plan.benchmark_split}-{protocol}")
+        results["protocols"][protocol] = {"queries": len(bf.ref_index), "gallery": len(bf.bench.gallery_ids)}
+        for name in METHODS:
+            method = build_method(name, foco_dir if name == "foco" else None)
+            queries = compose_queries(method, bf)
+            results["methods"].setdefault(name, {}).update(score_queries(queries, bf))
+            if name == "foco" and protocol == "single":
+                _figures(method, bf, queries, out / "attention", plan.figures)
+    timings["eval_s"] = time.time() - t
+    results["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
+    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _figures(method, bf, queries: torch.Tensor, folder: Path, n: int) -> None:
+    """A few queries of different edit types, with attention and top-5."""
+    from .backbones.base import ImageFeatures, TextFeatures
+    index = ExactIndex(queries.shape[1])
+    index.add(bf.gallery.global_)
+    _, top = index.search(queries, 5, exclude=bf.ref_index)
+    chosen, seen = [], set()
+    for q, t in enumerate(bf.bench.edit_types):
+        if t not in seen:
+            chosen.append(q)
+            seen.add(t)
+        if len(chosen) == n:
+            break
+    for q in chosen:
+        r = bf.ref_index[q:q + 1]
+        with torch.inference_mode():
+            cq = method.encode(ImageFeatures(bf.gallery.global_[r], bf.gallery.patches[r]),
+                               TextFeatures(bf.texts.global_[q:q + 1], bf.texts.tokens[q:q + 1], bf.texts.mask[q:q + 1]))
+        images = bf.bench.gallery_images
+        retrieval_figure(folder / f"{bf.bench.query_ids[q]}-{bf.bench.edit_types[q]}.png",
+                         load_image(images[int(r)]), cq.attention[0] if cq.attention is not None else None,
+                         bf.bench.modifications[q], [load_image(images[i]) for i in top[q].tolist()],
+                         [i in bf.target_index[q] for i in top[q].tolist()])
+
+
+def results_table(results: dict) -> str:
+    cols = ["R@1", "R@5", "R@10", "R@50", "Rs@1", "Rs@2", "Rs@3", "mAP@5", "mAP@10", "mAP@25", "mAP@50"]
+    lines = [f"Benchmark: {results['benchmark']} "
+             + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery" for p, v in results["protocols"].items()),
+             "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
+    for name, m in results["methods"].items():
+        lines.append(f"| {name} | " + " | ".join(f"{m[c]:.1f}" if c in m else "-" for c in cols) + " |")
+    return "\n".join(lines)

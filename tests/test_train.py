@@ -1,0 +1,92 @@
+"""FoCo training: a killed run resumed with --resume ends with the same weights as an uninterrupted run."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from foco.backbones.world import WorldBackboneConfig, WorldCLIP, save_world_checkpoint
+from foco.world.splits import extract_world_split
+
+SMALL = WorldBackboneConfig(widths=(8, 16, 32), embed_dim=32, text_width=32, text_layers=1, text_heads=2)
+
+
+@pytest.fixture(scope="module")
+def train_features(tiny_world, tmp_path_factory):
+    from foco import create_backbone
+    root = tmp_path_factory.mktemp("train-feats")
+    torch.manual_seed(0)
+    save_world_checkpoint(WorldCLIP(SMALL), root / "bb")
+    extract_world_split(create_backbone(f"world:{root / 'bb'}"), tiny_world, "train", root / "f", include_captions=False)
+    return root / "f"
+
+
+def _cmd(world, feats, out, *extra):
+    return [sys.executable, "-m", "foco.cli", "train", "--world", str(world), "--features", str(feats),
+            "--out", str(out), "--stage1-epochs", "2", "--stage2-epochs", "6", "--batch-size", "64",
+            "--lr-stage1", "1e-3", "--lr-aggr", "5e-4", "--lr-comp", "5e-4", "--max-negatives", "40", *extra]
+
+
+def _env():
+    return {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def test_kill_and_resume_matches_uninterrupted_run(tiny_world, train_features, tmp_path):
+    full = tmp_path / "full"
+    subprocess.run(_cmd(tiny_world, train_features, full), check=True, env=_env(), capture_output=True)
+
+    killed = tmp_path / "killed"
+    proc = subprocess.Popen(_cmd(tiny_world, train_features, killed), env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state = killed / "train_state" / "state.json"
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        if state.is_file() and json.loads(state.read_text())["progress"] == {"stage": 2, "epoch": 1}:
+            break
+        time.sleep(0.005)
+    assert proc.poll() is None, "the run finished before it could be killed; make it longer"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "foco.safetensors").exists()
+    done = json.loads(state.read_text())["progress"]
+    assert done["stage"] == 2 and done["epoch"] < 6
+
+    # without --resume the run refuses to overwrite; with it, it continues
+    refused = subprocess.run(_cmd(tiny_world, train_features, killed), env=_env(), capture_output=True, text=True)
+    assert refused.returncode == 2 and "--resume" in refused.stderr
+    resumed = subprocess.run(_cmd(tiny_world, train_features, killed, "--resume"), env=_env(),
+                             capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming FoCo training at stage 2" in resumed.stderr
+
+    a, b = load_file(str(full / "foco.safetensors")), load_file(str(killed / "foco.safetensors"))
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    log = [json.loads(l) for l in (full / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["epoch"]) for r in log] == [(1, 1), (1, 2)] + [(2, e) for e in range(1, 7)]
+    assert "comp" in log[-1] and log[-1]["comp"] < log[2]["comp"]  # stage 2 trains F_Comp
+    assert (full / "loss_curve.png").stat().st_size > 1000
+    cfg = json.loads((full / "foco.json").read_text())
+    assert cfg["backbone"].startswith("world:") and cfg["config"]["dim"] == 32
+
+
+def test_stage2_updates_both_modules(tiny_world, train_features, tmp_path):
+    from foco.data import build_pair_table
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    from foco.train import FoCoTrainConfig, train_foco
+    from foco.world import load_pairs
+    table = build_pair_table(train_features, {p.id: p.decomposition for p in load_pairs(tiny_world, "train")})
+    torch.manual_seed(0)
+    init = ComposedQueryEncoder(FoCoConfig(dim=32))
+    stage1 = train_foco(table, tmp_path / "s1", FoCoTrainConfig(stage1_epochs=1, stage2_epochs=0, batch_size=64))
+    assert torch.equal(stage1.comp.out.weight, init.comp.out.weight)  # stage 1: F_Comp untouched
+    assert not torch.equal(stage1.aggr.q_proj.weight, init.aggr.q_proj.weight)
+    both = train_foco(table, tmp_path / "s2", FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, batch_size=64))
+    assert not torch.equal(both.comp.out.weight, init.comp.out.weight)
+    assert not torch.equal(both.aggr.q_proj.weight, stage1.aggr.q_proj.weight)
