@@ -95,3 +95,15 @@ def score_queries(queries: torch.Tensor, bf: BenchmarkFeatures) -> dict[str, flo
 
 def evaluate_method(method: QueryMethod, bf: BenchmarkFeatures) -> dict[str, float]:
     return score_queries(compose_queries(method, bf), bf)
+
+
+def recall_by_edit_type(queries: torch.Tensor, bf: BenchmarkFeatures, k: int = 1) -> dict[str, float]:
+    """R@k (reference removed) for each edit type of a `single` benchmark."""
+    index = ExactIndex(queries.shape[1])
+    index.add(bf.gallery.global_)
+    _, ranking = index.search(queries, k, exclude=bf.ref_index)
+    out = {}
+    for t in sorted(set(bf.bench.edit_types)):
+        rows = [q for q, e in enumerate(bf.bench.edit_types) if e == t]
+        out[t] = recall_at_k(ranking[rows], [bf.target_index[q] for q in rows], k)
+    return out

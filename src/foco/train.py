@@ -127,7 +127,8 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
                     if on_step is not None:
                         on_step(s)
             rec = {"stage": stage, "epoch": epoch + 1, **{k: v / steps for k, v in sums.items()},
-                   "tau_aggr": float(1 / model.log_scale_aggr.exp()), "tau_comp": float(1 / model.log_scale_comp.exp()),
+                   "tau_aggr": 1 / model.log_scale_aggr.exp().item(), "tau_comp": 1 / model.log_scale_comp.exp().item(),
+                   "bias_aggr": model.bias_aggr.item(), "bias_comp": model.bias_comp.item(),
                    "elapsed_s": round(time.time() - t0, 2)}
             log.info("FoCo %s", rec)
             with log_path.open("a") as f:

@@ -48,6 +48,7 @@ def build_benchmark(rng: np.random.Generator, protocol: str, n_queries: int, pre
     gallery: list[GalleryItem] = []
     queries: list[Query] = []
     by_layout: dict[tuple, str] = {}
+    foreign = set(taken)  # scenes of other splits: never reused here, not even as a hard negative
 
     def add(scene: Scene) -> str:
         key = scene.layout_key()
@@ -73,13 +74,13 @@ def build_benchmark(rng: np.random.Generator, protocol: str, n_queries: int, pre
         negatives = [apply_edit(ref, e) for e in hard_negative_edits(rng, ref, edit, SUBSET_SIZE - 2)]
         negatives = [n for n in negatives if n.semantic_key() not in (target.semantic_key(), ref.semantic_key())]
         if protocol == "single":
-            if len(negatives) < SUBSET_SIZE - 2 or target.layout_key() in taken:
+            if len(negatives) < SUBSET_SIZE - 2:
                 continue
             targets = [target]
         else:
             targets = [target] + [relayout(target, rng) for _ in range(int(rng.integers(1, 4)))]
-            if any(t.layout_key() in taken for t in targets):
-                continue
+        if any(s.layout_key() in foreign for s in [*targets, *negatives]):
+            continue
         text = edit_text(ref, edit, int(rng.integers(len(PHRASINGS[edit.type]))))
         ref_id = add(ref)
         target_ids = list(dict.fromkeys(add(t) for t in targets))

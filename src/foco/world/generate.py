@@ -10,6 +10,8 @@ Layout of a world folder (all paths in manifests are relative to it)::
 
 `pretrain` trains the backbone, `train` trains FoCo, `backbone_val` measures the backbone, `val` tunes and `test`
 reports. No two splits share a rendered scene; `backbone_val` also shares no caption-level scene with `pretrain`.
+Captions of `pretrain` and `train` may be partial (see `captions.py`); those of `backbone_val` name everything, so
+that caption -> image retrieval there is well posed.
 """
 from __future__ import annotations
 
@@ -52,6 +54,7 @@ class WorldConfig:
     distractor_frac: float = 0.2  # random scenes added to each gallery, as a fraction of its query count
     stamps_dir: str | None = None  # folder of captioned cutouts (tuxpaint-stamps layout); None: shapes only
     stamp_prob: float = 0.3  # chance that an object is a stamp when stamps are given
+    partial_captions: bool = True  # training captions may leave out objects or the background, as alt-text does
 
 
 SIZE_PRESETS: dict[str, dict[str, int]] = {
@@ -72,7 +75,7 @@ def _split_rng(seed: int, name: str) -> np.random.Generator:
 
 
 def _pair_records(rng: np.random.Generator, split: str, n: int, taken: set, forbidden_semantic: set,
-                  unique_semantic: bool, stamps: list[Stamp], stamp_prob: float) -> list[dict]:
+                  unique_semantic: bool, stamps: list[Stamp], stamp_prob: float, partial: bool) -> list[dict]:
     records, semantic_seen = [], set()
     while len(records) < n:
         scene = sample_scene(rng, stamps, stamp_prob)
@@ -81,7 +84,7 @@ def _pair_records(rng: np.random.Generator, split: str, n: int, taken: set, forb
             continue
         taken.add(key)
         semantic_seen.add(sem)
-        caption, decomposition, grounds = caption_scene(scene, CaptionChoice(rng, scene))
+        caption, decomposition, grounds = caption_scene(scene, CaptionChoice(rng, scene, partial=partial))
         pid = f"{split}-{len(records):06d}"
         records.append({"id": pid, "image": f"images/{split}/{pid}.png", "caption": caption,
                         "decomposition": decomposition.to_dict(), "grounding": grounds,
@@ -117,7 +120,8 @@ def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
         rng = _split_rng(cfg.seed, split)
         recs = _pair_records(rng, split, getattr(cfg, split), taken,
                              forbidden_semantic=pretrain_semantic if split == "backbone_val" else set(),
-                             unique_semantic=split == "backbone_val", stamps=stamps, stamp_prob=cfg.stamp_prob)
+                             unique_semantic=split == "backbone_val", stamps=stamps, stamp_prob=cfg.stamp_prob,
+                             partial=cfg.partial_captions and split != "backbone_val")
         if split == "pretrain":
             pretrain_semantic = {Scene.from_dict(r["scene"]).semantic_key() for r in recs}
         manifests[f"pairs/{split}.jsonl"] = recs
