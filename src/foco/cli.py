@@ -12,7 +12,7 @@ from pathlib import Path
 
 def _world_generate(a: argparse.Namespace) -> int:
     from .world.generate import generate_world, world_config
-    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps)
+    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps, partial_captions=not a.exhaustive_captions)
     out = Path(a.out)
     t0 = time.time()
     summary = generate_world(out, cfg)
@@ -121,6 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--stamps", default=None,
                    help="folder of captioned cutout PNGs (tuxpaint-stamps layout) to use as extra objects")
+    g.add_argument("--exhaustive-captions", action="store_true",
+                   help="every training caption names every object and the background (default: some are partial)")
     g.set_defaults(func=_world_generate)
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")

@@ -16,7 +16,7 @@ from .backbones.train_world import BackboneTrainConfig, train_world_backbone
 from .backbones.world import WorldBackboneConfig, load_world_backbone
 from .baselines import METHODS, build_method
 from .data import build_pair_table
-from .evaluate import compose_queries, load_benchmark_features, score_queries
+from .evaluate import compose_queries, load_benchmark_features, recall_by_edit_type, score_queries
 from .features import ExtractConfig
 from .index import ExactIndex
 from .model import FoCoConfig
@@ -40,17 +40,18 @@ class QuickstartPlan:
 
 
 def quickstart_plan(size: str) -> QuickstartPlan:
-    """World-sized settings. The paper's recipe (lr 5e-4, then 5e-5/3e-5, batch 512, 3 + 30 epochs) is for CC3M;
-    the world has 10k pairs, so fewer, larger steps."""
+    """World-sized settings. The paper's recipe (lr 5e-4, then 5e-5/3e-5, batch 512, 3 + 30 epochs) is for CC3M
+    with ViT-L/14; the world has 10k pairs and 2 CPU cores, so fewer, larger steps and at most 31 negatives per
+    anchor. The learnable sigmoid bias is on: without it FoCo collapses on the world (docs/benchmarks.md)."""
     if size == "tiny":
         return QuickstartPlan(
             size, BackboneTrainConfig(epochs=8, batch_size=64),
             FoCoTrainConfig(stage1_epochs=2, stage2_epochs=4, batch_size=64, lr_stage1=1e-3, lr_aggr=5e-4,
-                            lr_comp=5e-4, model=FoCoConfig()))
+                            lr_comp=5e-4, model=FoCoConfig(learn_bias=True)))
     return QuickstartPlan(
         size, BackboneTrainConfig(epochs=6, batch_size=256),
-        FoCoTrainConfig(stage1_epochs=2, stage2_epochs=6, batch_size=128, lr_stage1=1e-3, lr_aggr=3e-4,
-                        lr_comp=3e-4, max_negatives=63, model=FoCoConfig()))
+        FoCoTrainConfig(stage1_epochs=2, stage2_epochs=3, batch_size=128, lr_stage1=1e-3, lr_aggr=3e-4,
+                        lr_comp=3e-4, max_negatives=31, model=FoCoConfig(learn_bias=True)))
 
 
 def _stage(name: str):
@@ -99,6 +100,9 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0) -> dic
             method = build_method(name, foco_dir if name == "foco" else None)
             queries = compose_queries(method, bf)
             results["methods"].setdefault(name, {}).update(score_queries(queries, bf))
+            if protocol == "single":
+                results.setdefault("R@1_by_edit_type", {})[name] = {
+                    t: round(v, 2) for t, v in recall_by_edit_type(queries, bf).items()}
             if name == "foco" and protocol == "single":
                 _figures(method, bf, queries, out / "attention", plan.figures)
     timings["eval_s"] = time.time() - t
@@ -139,4 +143,11 @@ def results_table(results: dict) -> str:
              "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
     for name, m in results["methods"].items():
         lines.append(f"| {name} | " + " | ".join(f"{m[c]:.1f}" if c in m else "-" for c in cols) + " |")
+    by_type = results.get("R@1_by_edit_type")
+    if by_type:
+        types = sorted(next(iter(by_type.values())))
+        lines += ["", "R@1 by edit type (single):", "", "| method | " + " | ".join(types) + " |",
+                  "|---|" + "---|" * len(types)]
+        for name, m in by_type.items():
+            lines.append(f"| {name} | " + " | ".join(f"{m[t]:.1f}" for t in types) + " |")
     return "\n".join(lines)
