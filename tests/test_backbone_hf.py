@@ -226,3 +226,16 @@ def test_unsupported_model_type_raises(tmp_path) -> None:
     )
     with pytest.raises(ValueError, match=re.escape(str(tmp_path))):
         HFBackbone(str(tmp_path))
+
+
+def test_registry_loads_tiny_clip_through_hf_spec(clip_dir: str) -> None:
+    """A tiny random CLIPModel saved to disk loads through `foco.create_backbone("hf:...")` with the documented shapes."""
+    import foco
+    bb = foco.create_backbone(f"hf:{clip_dir}")
+    assert isinstance(bb, foco.Backbone) and bb.spec == f"hf:{clip_dir}"
+    img = bb.encode_images(_images(2))
+    assert img.global_.shape == (2, bb.embed_dim) and img.patches.shape == (2, bb.num_patches, bb.embed_dim)
+    txt = bb.encode_texts(TEXTS[:2])
+    L = txt.tokens.shape[1]
+    assert txt.global_.shape == (2, bb.embed_dim) and txt.tokens.shape == (2, L, bb.embed_dim)
+    assert txt.mask.shape == (2, L) and txt.mask.dtype == torch.bool
