@@ -29,3 +29,78 @@ def test_diagonal_recalls_hand_computed():
     scores = torch.tensor([[0.9, 0.1, 0.0], [0.8, 0.7, 0.0], [0.3, 0.2, 0.1]])
     r = diagonal_recalls(scores, (1, 2, 3))
     assert r == {"R@1": 100 / 3, "R@2": 200 / 3, "R@3": 100.0}
+
+
+def naive_ap(ranked, gt, k):
+    """CIRCO's evaluator, written out: precision at every hit among the first k, over min(|gt|, k)."""
+    labels = [1 if r in gt else 0 for r in ranked[:k]]
+    precs = [sum(labels[: n + 1]) / (n + 1) * labels[n] for n in range(len(labels))]
+    return sum(precs) / min(len(gt), k)
+
+
+def test_map_matches_naive_on_random_rankings():
+    from foco.metrics import map_at_k
+    g = torch.Generator().manual_seed(1)
+    for trial in range(10):
+        Q, N = 9, 60
+        ranking = torch.stack([torch.randperm(N, generator=g) for _ in range(Q)])
+        targets = [random.Random(trial * 50 + q).sample(range(N), 1 + (q * 7) % 12) for q in range(Q)]
+        for k in (5, 10, 25, 50):
+            want = 100 * sum(naive_ap(ranking[q].tolist(), set(t), k) for q, t in enumerate(targets)) / Q
+            assert abs(map_at_k(ranking, targets, k) - want) < 1e-9
+
+
+def test_map_hand_computed_edge_cases():
+    from foco.metrics import average_precision_at_k
+    # fewer ground truths than K: normalised by |gt|
+    assert average_precision_at_k([3, 1, 2, 0, 4], [1], 5) == 0.5
+    # hits at ranks 1 and 3 with 2 ground truths: (1/1 + 2/3) / 2
+    assert abs(average_precision_at_k([7, 8, 9], [7, 9], 3) - (1 + 2 / 3) / 2) < 1e-12
+    # more ground truths than K: normalised by K
+    assert average_precision_at_k([1, 2], [1, 2, 3, 4], 2) == 1.0
+    assert average_precision_at_k([5, 6], [1], 2) == 0.0
+
+
+def test_subset_recall_hand_computed():
+    from foco.metrics import subset_recall_at_k
+    rankings = [[4, 2, 9], [9, 4, 2]]
+    assert subset_recall_at_k(rankings, [[2], [2]], 1) == 0.0
+    assert subset_recall_at_k(rankings, [[2], [2]], 2) == 50.0
+    assert subset_recall_at_k(rankings, [[2], [2]], 3) == 100.0
+
+
+def test_exact_index_matches_brute_force_with_reference_removed():
+    from foco.index import ExactIndex
+    g = torch.Generator().manual_seed(3)
+    gallery = torch.nn.functional.normalize(torch.randn(200, 16, generator=g), dim=-1)
+    queries = torch.nn.functional.normalize(torch.randn(30, 16, generator=g), dim=-1)
+    exclude = torch.randint(0, 200, (30,), generator=g)
+    index = ExactIndex(16)
+    index.add(gallery)
+    scores, ids = index.search(queries, 10, exclude=exclude, chunk=7)
+    for q in range(30):
+        brute = sorted((j for j in range(200) if j != int(exclude[q])),
+                       key=lambda j: -float(queries[q] @ gallery[j]))[:10]
+        assert ids[q].tolist() == brute
+        assert torch.allclose(scores[q], queries[q] @ gallery[brute].t())
+    # the reference ranked first would otherwise be the top hit
+    _, ids2 = index.search(gallery[:5], 1, exclude=torch.arange(5))
+    assert all(int(ids2[i, 0]) != i for i in range(5))
+
+
+def test_score_queries_removes_reference_only_for_single():
+    """A query equal to its reference: reference removed in `single`, kept (and found) in `multi`."""
+    from foco.backbones.base import ImageFeatures, TextFeatures
+    from foco.evaluate import BenchmarkFeatures, score_queries
+    from foco.world.manifest import WorldBenchmark
+    g = torch.nn.functional.normalize(torch.eye(8)[:6] + 0.01, dim=-1)
+    def bf(protocol, targets, subsets):
+        bench = WorldBenchmark(protocol, [f"g{i}" for i in range(6)], [], ["q0"], ["g0"], ["m"], [["g1"]],
+                               [[f"g{i}" for i in s] for s in subsets], ["colour"])
+        return BenchmarkFeatures(bench, ImageFeatures(g, torch.zeros(6, 1, 8)), torch.tensor([0]),
+                                 TextFeatures(g[:1], torch.zeros(1, 1, 8), torch.ones(1, 1, dtype=torch.bool)),
+                                 targets, subsets)
+    single = score_queries(g[:1], bf("single", [[1]], [[0, 1, 2, 3, 4, 5]]))
+    assert single["R@50"] == 100.0 and single["Rs@3"] in (0.0, 100.0)
+    multi = score_queries(g[:1], bf("multi", [[0]], [[]]))
+    assert multi["mAP@5"] == 100.0  # the reference is not removed in the multi protocol

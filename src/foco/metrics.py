@@ -56,10 +56,9 @@ def average_precision_at_k(ranked: Sequence[int], targets: Sequence[int], k: int
 
 
 def map_at_k(ranking: torch.Tensor, targets: Sequence[Sequence[int]], k: int) -> float:
-    """100 * mean over queries of AP@K (CIRCO's mAP@K)."""
+    """100 * mean over queries of AP@K (CIRCO's mAP@K). A ranking shorter than K (a gallery smaller than K) is
+    scored on the items it has; the normaliser stays min(|gt|, K)."""
     if ranking.shape[0] != len(targets) or not targets:
         raise ValueError("need one ranking per query, and at least one query")
-    if ranking.shape[1] < k:
-        raise ValueError(f"rankings hold {ranking.shape[1]} items, fewer than K = {k}")
     return 100.0 * sum(average_precision_at_k(ranking[q, :k].tolist(), t, k)
                        for q, t in enumerate(targets)) / len(targets)
