@@ -25,16 +25,19 @@ def retrieval_figure(path: str | Path, reference: Image.Image, attention: torch.
                      results: Sequence[Image.Image], correct: Sequence[bool], side: int = 128) -> None:
     pad, header = 8, 28
     n = len(results)
-    W = pad + (side + pad) * (n + 1) + pad
+    lead = 2 if attention is not None else 1  # the plain reference, then the reference under the attention map
+    W = pad + (side + pad) * (n + lead) + pad
     H = header + side + pad * 2 + 16
     fig = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(fig)
     d.text((pad, 6), f'"{text}"', fill="black")
-    ref = attention_overlay(reference, attention, side) if attention is not None else reference.resize((side, side))
-    fig.paste(ref, (pad, header))
-    d.text((pad, header + side + 2), "reference + attention", fill="black")
+    fig.paste(reference.convert("RGB").resize((side, side), Image.NEAREST), (pad, header))
+    d.text((pad, header + side + 2), "reference", fill="black")
+    if attention is not None:
+        fig.paste(attention_overlay(reference, attention, side), (pad + side + pad, header))
+        d.text((pad + side + pad, header + side + 2), "F_Aggr attention", fill="black")
     for r, (im, ok) in enumerate(zip(results, correct)):
-        x = pad + (side + pad) * (r + 1) + pad
+        x = pad + (side + pad) * (r + lead) + pad
         fig.paste(im.convert("RGB").resize((side, side), Image.NEAREST), (x, header))
         if ok:
             d.rectangle([x - 3, header - 3, x + side + 2, header + side + 2], outline=(0, 170, 0), width=3)
