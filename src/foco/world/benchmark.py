@@ -54,7 +54,7 @@ def build_benchmark(rng: np.random.Generator, protocol: str, n_queries: int, pre
         key = scene.layout_key()
         if key in by_layout:
             return by_layout[key]
-        gid = f"tmp{len(gallery)}"
+        gid = f"tmp{len(gallery)}"  # renamed in a random order by _shuffle_ids
         gallery.append(GalleryItem(gid, scene))
         by_layout[key] = gid
         taken.add(key)
