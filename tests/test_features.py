@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from foco.backbones.base import ImageFeatures, TextFeatures
-from foco.features import ExtractConfig, FeatureCache, extract_images, extract_texts
+from foco.features import ExtractConfig, FeatureCache, extract_images
 from foco.world.splits import extract_world_split, split_items
 
 

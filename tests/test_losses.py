@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from foco.backbones.base import ImageFeatures, TextFeatures
-from foco.losses import NegativePlan, TrainBatch, foco_losses, plan_negatives
+from foco.losses import TrainBatch, foco_losses, plan_negatives
 from foco.model import ComposedQueryEncoder, FoCoConfig
 from foco.reference import aggr_one as naive_aggr, comp_one as naive_comp, losses_per_pair as slow_losses
 

@@ -11,7 +11,6 @@ from foco.utils.io import ImageLoadError, ManifestError, load_image, read_jsonl
 from foco.world import Scene, generate_world, load_benchmark, load_pairs, world_config
 from foco.world.captions import TEMPLATES
 from foco.world.edits import PHRASINGS
-from foco.world.generate import plan_world
 from foco.world.verify import verify_world
 from foco.world.vocab import COLOURS, SHAPES, SIZES
 

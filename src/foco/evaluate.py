@@ -35,10 +35,6 @@ class BenchmarkFeatures:
     target_index: list[list[int]]
     subset_index: list[list[int]]
 
-    @property
-    def gallery_index(self) -> dict[str, int]:
-        return {g: i for i, g in enumerate(self.bench.gallery_ids)}
-
 
 def load_benchmark_features(world: str | Path, split: str, protocol: str, cache: str | Path) -> BenchmarkFeatures:
     bench = load_benchmark(world, split, protocol)
@@ -81,11 +77,11 @@ def score_queries(queries: torch.Tensor, bf: BenchmarkFeatures) -> dict[str, flo
     if bf.bench.protocol == "single":
         _, ranking = index.search(queries, max(RECALL_KS), exclude=bf.ref_index)  # reference removed
         out = {f"R@{k}": recall_at_k(ranking, bf.target_index, k) for k in RECALL_KS}
-        scores = index.scores(queries)  # (Q, N)
         subset_rankings = []
         for q, members in enumerate(bf.subset_index):
             cand = [m for m in members if m != int(bf.ref_index[q])]
-            order = torch.sort(scores[q, cand], descending=True, stable=True).indices.tolist()
+            scores = bf.gallery.global_[cand] @ queries[q].float()  # (5,): only the subset, not the whole gallery
+            order = torch.sort(scores, descending=True, stable=True).indices.tolist()
             subset_rankings.append([cand[i] for i in order])
         out.update({f"Rs@{k}": subset_recall_at_k(subset_rankings, bf.target_index, k) for k in SUBSET_KS})
         return out

@@ -7,13 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .backbones.train_world import BackboneTrainConfig, train_world_backbone
-from .backbones.world import WorldBackboneConfig, load_world_backbone
+from .backbones.world import load_world_backbone
 from .baselines import METHODS, build_method
 from .data import build_pair_table
 from .evaluate import compose_queries, load_benchmark_features, recall_by_edit_type, score_queries
@@ -114,9 +114,6 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0) -> dic
 def _figures(method, bf, queries: torch.Tensor, folder: Path, n: int) -> None:
     """A few queries of different edit types, with attention and top-5."""
     from .backbones.base import ImageFeatures, TextFeatures
-    index = ExactIndex(queries.shape[1])
-    index.add(bf.gallery.global_)
-    _, top = index.search(queries, 5, exclude=bf.ref_index)
     chosen, seen = [], set()
     for q, t in enumerate(bf.bench.edit_types):
         if t not in seen:
@@ -124,6 +121,11 @@ def _figures(method, bf, queries: torch.Tensor, folder: Path, n: int) -> None:
             seen.add(t)
         if len(chosen) == n:
             break
+    index = ExactIndex(queries.shape[1])
+    index.add(bf.gallery.global_)
+    rows = torch.tensor(chosen)
+    _, top_chosen = index.search(queries[rows], 5, exclude=bf.ref_index[rows])
+    top = dict(zip(chosen, top_chosen))
     for q in chosen:
         r = bf.ref_index[q:q + 1]
         with torch.inference_mode():

@@ -11,7 +11,7 @@ Images are resized to `image_size` and scaled to [-1, 1] (mean = std = 0.5 per c
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 

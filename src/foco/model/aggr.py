@@ -17,7 +17,6 @@ import math
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 
 class FAggr(nn.Module):

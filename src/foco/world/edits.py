@@ -5,7 +5,7 @@ edit changes only what it names: other objects keep their attributes, cells and 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -55,9 +55,9 @@ def referring_expression(scene: Scene, index: int) -> str | None:
     if obj.colour:
         candidates.append([obj.size, obj.colour, obj.kind])
     for words in candidates:
-        def matches(o: WorldObject) -> bool:
-            return all(w in (o.kind, o.colour, o.size) for w in words) and o.kind == obj.kind
-        if sum(matches(o) for o in scene.objects) == 1:
+        matching = [o for o in scene.objects
+                    if o.kind == obj.kind and all(w in (o.kind, o.colour, o.size) for w in words)]
+        if len(matching) == 1:
             return " ".join(words)
     return None
 
@@ -146,7 +146,7 @@ def sample_edit(rng: np.random.Generator, scene: Scene, edit_type: str, index: i
         for _ in range(100):
             args = {"kind": str(rng.choice([k for k in SHAPES if k not in used])),
                     "colour": str(rng.choice(list(COLOURS))), "size": str(rng.choice(list(SIZES)))}
-            if all(exclude.get(k) != v for k, v in args.items() if k in exclude) or not exclude:
+            if all(args[k] != exclude[k] for k in args if k in exclude):  # differs in every excluded value
                 break
         args["cell"] = int(rng.choice(scene.free_cells()))
         args["jitter"] = [int(rng.integers(-MAX_JITTER, MAX_JITTER + 1)) for _ in range(2)]

@@ -5,7 +5,6 @@ from pathlib import Path
 
 from ..backbones.base import Backbone
 from ..features import ExtractConfig, extract_images, extract_texts
-from ..utils.io import read_jsonl
 from .manifest import load_benchmark, load_pairs
 
 
