@@ -51,7 +51,11 @@ def _features_extract(a: argparse.Namespace) -> int:
     from .features import ExtractConfig
     from .world.splits import extract_world_split
     cfg = ExtractConfig(shard_size=a.shard_size, batch_size=a.batch_size, dtype=a.dtype, patches=not a.no_patches)
-    stats = extract_world_split(create_backbone(a.backbone), a.world, a.split, a.out, cfg)
+    decs = None
+    if a.decompositions is not None:
+        from .decompose.world import world_decompositions
+        decs = world_decompositions(a.world, a.split, a.decompositions, a.decomposer)
+    stats = extract_world_split(create_backbone(a.backbone), a.world, a.split, a.out, cfg, decompositions=decs)
     for kind, s in stats.items():
         rate = f"{s['encoded'] / s['seconds']:.1f}/s" if s["encoded"] else "all cached"
         print(f"{kind}: {s['items']} items, {s['encoded']} encoded now ({rate})")
@@ -63,13 +67,13 @@ def _train(a: argparse.Namespace) -> int:
     from .data import build_pair_table
     from .model import FoCoConfig
     from .train import FoCoTrainConfig, train_foco
+    from .decompose.world import world_decompositions
     from .utils.io import read_json
-    from .world.manifest import load_pairs
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
                           max_negatives=a.max_negatives, seed=a.seed,
                           model=FoCoConfig(learn_bias=a.learn_bias))
-    decompositions = {p.id: p.decomposition for p in load_pairs(a.world, a.split)}
+    decompositions = world_decompositions(a.world, a.split, a.decompositions, a.decomposer)
     table = build_pair_table(a.features, decompositions)
     backbone = read_json(Path(a.features) / "manifest.json")["backbone"]
     train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": backbone})
@@ -97,10 +101,46 @@ def _eval(a: argparse.Namespace) -> int:
 def _quickstart(a: argparse.Namespace) -> int:
     from .quickstart import results_table, run_quickstart
     t0 = time.time()
-    results = run_quickstart(a.out, a.size, a.seed)
+    results = run_quickstart(a.out, a.size, a.seed, a.decomposer)
     print(results_table(results))
-    print(f"\nresults in {a.out}/results.json, figures in {a.out}/attention/ ({time.time() - t0:.0f}s)")
+    suffix = "" if a.decomposer == "oracle" else f"-{a.decomposer}"
+    print(f"\nresults in {a.out}/results{suffix}.json, figures in {a.out}/attention{suffix}/ "
+          f"({time.time() - t0:.0f}s)")
     return 0
+
+
+def _decompose(a: argparse.Namespace) -> int:
+    from .decompose import build_decomposer
+    from .decompose.client import ChatConfig
+    from .decompose.inputs import read_captions
+    from .decompose.llm import LLMConfig
+    from .decompose.run import run_decompose
+    records = read_captions(a.inp, split=a.split)
+    if a.limit:
+        records = records[:a.limit]
+    llm = None
+    if a.decomposer == "llm":
+        llm = LLMConfig(ChatConfig(url=a.llm_url or "", model=a.llm_model or "", api_key=a.llm_key or "",
+                                   timeout_s=a.timeout, max_tokens=a.max_tokens, json_mode=a.json_mode),
+                        min_pairs=a.min_pairs, max_pairs=a.max_pairs, max_retries=a.retries,
+                        concurrency=a.concurrency, backoff_s=a.backoff)
+    decomposer = build_decomposer(a.decomposer, records, llm, max_pairs=a.max_pairs)
+    try:
+        stats = run_decompose([r.caption for r in records], decomposer, a.out, batch_size=a.batch_size)
+    finally:
+        if hasattr(decomposer, "close"):
+            decomposer.close()
+    print(stats.summary())
+    print(f"store: {a.out} (decomposer settings id {stats.settings_id}); "
+          f"train with --decompositions {a.out} --decomposer {a.decomposer}")
+    return 0
+
+
+def _decomposition_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--decompositions", default=None,
+                   help="SQLite store written by `foco decompose` (default: the world's oracle decompositions)")
+    p.add_argument("--decomposer", default="oracle",
+                   help="which decomposer's results to read from the store: a name or a settings id")
 
 
 def _print_table(title: str, metrics: dict) -> None:
@@ -156,12 +196,14 @@ def build_parser() -> argparse.ArgumentParser:
     x.add_argument("--batch-size", type=int, default=128)
     x.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
     x.add_argument("--no-patches", action="store_true", help="store only global image features")
+    _decomposition_args(x)
     x.set_defaults(func=_features_extract)
 
     tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
     tr.add_argument("--features", required=True, help="feature cache of the training split")
-    tr.add_argument("--world", required=True, help="world folder (oracle decompositions)")
+    tr.add_argument("--world", required=True, help="world folder (its pairs; oracle decompositions by default)")
     tr.add_argument("--split", default="train")
+    _decomposition_args(tr)
     tr.add_argument("--out", required=True)
     tr.add_argument("--stage1-epochs", type=int, default=3)
     tr.add_argument("--stage2-epochs", type=int, default=30)
@@ -185,10 +227,34 @@ def build_parser() -> argparse.ArgumentParser:
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.set_defaults(func=_eval)
 
+    dc = sub.add_parser("decompose", help="decompose captions into (local, context) pairs into a SQLite store")
+    dc.add_argument("--in", dest="inp", required=True,
+                    help="CSV / TSV / JSONL of captions (CC3M-style url<TAB>caption works), or a world folder")
+    dc.add_argument("--out", required=True, help="SQLite store (created or resumed)")
+    dc.add_argument("--decomposer", default="oracle", choices=["oracle", "rule", "llm"])
+    dc.add_argument("--split", default="train", help="with a world folder: which pairs split")
+    dc.add_argument("--limit", type=int, default=None, help="only the first N captions")
+    dc.add_argument("--batch-size", type=int, default=64, help="captions per store transaction")
+    dc.add_argument("--min-pairs", type=int, default=3, help="fewest pairs an LLM answer may give")
+    dc.add_argument("--max-pairs", type=int, default=5, help="most pairs (LLM answers; rule keeps the first)")
+    llm = dc.add_argument_group("llm (an OpenAI-compatible chat-completions server)")
+    llm.add_argument("--llm-url", default=None, help="base URL, e.g. http://127.0.0.1:8000/v1 (env FOCO_LLM_URL)")
+    llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
+    llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
+    llm.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    llm.add_argument("--retries", type=int, default=3, help="retries per caption before the rule fallback")
+    llm.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
+    llm.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    llm.add_argument("--max-tokens", type=int, default=400)
+    llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
+    dc.set_defaults(func=_decompose)
+
     qs = sub.add_parser("quickstart", help="world -> backbone -> decompositions -> FoCo -> evaluation")
     qs.add_argument("--out", required=True)
     qs.add_argument("--size", default="default", choices=["tiny", "default"])
     qs.add_argument("--seed", type=int, default=0)
+    qs.add_argument("--decomposer", default="oracle", choices=["oracle", "rule"],
+                    help="training decompositions; rule (spaCy) is the paper's ablation and trains beside oracle")
     qs.set_defaults(func=_quickstart)
     return p
 
@@ -201,7 +267,12 @@ def main(argv: list[str] | None = None) -> int:
     from .utils.io import ImageLoadError, ManifestError
     try:
         return args.func(args)
-    except (ManifestError, ImageLoadError, FileNotFoundError, FileExistsError, ValueError) as exc:
+    except (ManifestError, ImageLoadError, FileNotFoundError, FileExistsError, ValueError, ImportError) as exc:
+        print(f"foco: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:  # e.g. the LLM server refusing the configuration
+        if type(exc).__name__ != "ConfigError":
+            raise
         print(f"foco: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""`foco quickstart`: world -> backbone -> oracle decompositions -> FoCo training -> evaluation, end to end.
+"""`foco quickstart`: world -> backbone -> decompositions (oracle) -> FoCo training -> evaluation, end to end.
 
 Every stage reuses what an earlier run left in the output folder, so a second run only re-evaluates.
 """
@@ -16,6 +16,10 @@ from .backbones.train_world import BackboneTrainConfig, train_world_backbone
 from .backbones.world import load_world_backbone
 from .baselines import METHODS, build_method
 from .data import build_pair_table
+from .decompose import build_decomposer
+from .decompose.inputs import read_captions
+from .decompose.run import run_decompose
+from .decompose.world import world_decompositions
 from .evaluate import compose_queries, load_benchmark_features, recall_by_edit_type, score_queries
 from .features import ExtractConfig
 from .index import ExactIndex
@@ -24,7 +28,6 @@ from .train import FoCoTrainConfig, train_foco
 from .utils.io import atomic_write_text, load_image
 from .viz import retrieval_figure
 from .world.generate import generate_world, world_config
-from .world.manifest import load_pairs
 from .world.splits import extract_world_split
 
 log = logging.getLogger(__name__)
@@ -59,8 +62,11 @@ def _stage(name: str):
     return time.time()
 
 
-def run_quickstart(out: str | Path, size: str = "default", seed: int = 0) -> dict:
+def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomposer: str = "oracle") -> dict:
+    """`decomposer` other than oracle (the paper's rule-based ablation) trains and evaluates into its own
+    folders (features/train-<name>, foco-<name>, results-<name>.json) beside the oracle run, reusing the rest."""
     out = Path(out)
+    suffix = "" if decomposer == "oracle" else f"-{decomposer}"
     plan = quickstart_plan(size)
     timings = {}
     t = _stage("world")
@@ -75,24 +81,32 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0) -> dic
     backbone = load_world_backbone(bb_dir)
     timings["backbone_s"] = time.time() - t
 
+    t = _stage(f"decompositions ({decomposer})")
+    store = out / "decompositions.sqlite"
+    records = read_captions(world, split="train")
+    run_decompose([r.caption for r in records], build_decomposer(decomposer, records), store, batch_size=256)
+    decompositions = world_decompositions(world, "train", store, decomposer)
+    timings["decompose_s"] = time.time() - t
+
     t = _stage("features")
     feats = out / "features"
     xcfg = ExtractConfig()
-    extract_world_split(backbone, world, "train", feats / "train", xcfg, include_captions=False)
+    extract_world_split(backbone, world, "train", feats / f"train{suffix}", xcfg, include_captions=False,
+                        decompositions=decompositions)
     for protocol in ("single", "multi"):
         extract_world_split(backbone, world, f"{plan.benchmark_split}/{protocol}", feats / f"{plan.benchmark_split}-{protocol}", xcfg)
     timings["features_s"] = time.time() - t
 
-    t = _stage("FoCo training (oracle decompositions)")
-    foco_dir = out / "foco"
+    t = _stage(f"FoCo training ({decomposer} decompositions)")
+    foco_dir = out / f"foco{suffix}"
     if not (foco_dir / "foco.safetensors").is_file():
-        decompositions = {p.id: p.decomposition for p in load_pairs(world, "train")}
-        table = build_pair_table(feats / "train", decompositions)
+        table = build_pair_table(feats / f"train{suffix}", decompositions)
         train_foco(table, foco_dir, plan.foco, resume=True, meta={"backbone": backbone.spec})
     timings["foco_train_s"] = time.time() - t
 
     t = _stage("evaluation")
-    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "protocols": {}, "methods": {}}
+    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, "protocols": {},
+               "methods": {}}
     for protocol in ("single", "multi"):
         bf = load_benchmark_features(world, plan.benchmark_split, protocol, feats / f"{plan.benchmark_split}-{protocol}")
         results["protocols"][protocol] = {"queries": len(bf.ref_index), "gallery": len(bf.bench.gallery_ids)}
@@ -104,10 +118,10 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0) -> dic
                 results.setdefault("R@1_by_edit_type", {})[name] = {
                     t: round(v, 2) for t, v in recall_by_edit_type(queries, bf).items()}
             if name == "foco" and protocol == "single":
-                _figures(method, bf, queries, out / "attention", plan.figures)
+                _figures(method, bf, queries, out / f"attention{suffix}", plan.figures)
     timings["eval_s"] = time.time() - t
     results["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
-    atomic_write_text(out / "results.json", json.dumps(results, indent=2) + "\n")
+    atomic_write_text(out / f"results{suffix}.json", json.dumps(results, indent=2) + "\n")
     return results
 
 

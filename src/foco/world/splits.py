@@ -4,16 +4,19 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..backbones.base import Backbone
+from ..decompose.schema import Decomposition
 from ..features import ExtractConfig, extract_images, extract_texts
 from .manifest import load_benchmark, load_pairs
 
 
-def split_items(world: str | Path, split: str, include_captions: bool = True
+def split_items(world: str | Path, split: str, include_captions: bool = True,
+                decompositions: dict[str, Decomposition] | None = None
                 ) -> tuple[list[tuple[str, Path]], list[tuple[str, str]]]:
     """(image id, path) and (text id, text) items of a split.
 
     Pairs splits ("pretrain", "train", "backbone_val"): every image; every caption, local caption and contextual
-    caption once (the text is its own id). Benchmarks ("val/single", "test/multi", ...): the gallery images and
+    caption once (the text is its own id); the pairs are the world's oracle decompositions unless `decompositions`
+    (image id -> Decomposition) gives others. Benchmarks ("val/single", "test/multi", ...): the gallery images and
     the modification texts.
     """
     world = Path(world)
@@ -27,15 +30,17 @@ def split_items(world: str | Path, split: str, include_captions: bool = True
     for p in pairs:
         if include_captions:
             texts[p.caption] = None
-        for pair in p.decomposition.pairs:
+        dec = p.decomposition if decompositions is None else decompositions[p.id]
+        for pair in dec.pairs:
             texts[pair.local] = None
             texts[pair.context] = None
     return [(p.id, p.image) for p in pairs], [(t, t) for t in texts]
 
 
 def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: str | Path,
-                        cfg: ExtractConfig = ExtractConfig(), include_captions: bool = True) -> dict[str, dict]:
+                        cfg: ExtractConfig = ExtractConfig(), include_captions: bool = True,
+                        decompositions: dict[str, Decomposition] | None = None) -> dict[str, dict]:
     """Encodes a split's images and texts into `out`. FoCo training needs only the local and contextual captions;
     `include_captions=False` skips the full captions."""
-    images, texts = split_items(world, split, include_captions)
+    images, texts = split_items(world, split, include_captions, decompositions)
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}

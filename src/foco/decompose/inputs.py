@@ -1,0 +1,106 @@
+"""Reading captions to decompose: CSV, TSV, JSONL, or a world folder's pairs manifests.
+
+- JSONL: one object per line with "caption" and optionally "id" (or "image"/"url") and a "decomposition" (the
+  world's manifests have one; the oracle needs it).
+- CSV / TSV with a header: the caption column is the first of caption/text/alt/title, the id column the first of
+  id/image/url/file/filepath/path.
+- CSV / TSV without a header (CC3M's `caption<TAB>url`, or `url<TAB>caption`, or `image,caption`): two columns;
+  the one that looks like a URL or a file path is the id, the other the caption.
+- A world folder: its `pairs/<split>.jsonl`.
+A malformed row raises ManifestError naming the file and line; nothing is skipped.
+"""
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..utils.io import ManifestError
+from .schema import Decomposition
+
+CAPTION_COLUMNS = ("caption", "text", "alt", "title")
+ID_COLUMNS = ("id", "image", "url", "file", "filepath", "path")
+
+
+@dataclass
+class CaptionRecord:
+    id: str
+    caption: str
+    truth: Decomposition | None = None
+
+
+def read_captions(path: str | Path, split: str = "train") -> list[CaptionRecord]:
+    path = Path(path)
+    if path.is_dir():
+        manifest = path / "pairs" / f"{split}.jsonl"
+        if not manifest.is_file():
+            raise ManifestError(f"{path} is a folder but not a world folder: {manifest} not found")
+        return _read_jsonl(manifest)
+    if not path.is_file():
+        raise ManifestError(f"caption file not found: {path}")
+    suffix = path.suffix.lower()
+    if suffix in (".jsonl", ".json"):
+        return _read_jsonl(path)
+    if suffix in (".tsv", ".csv", ".txt"):
+        return _read_table(path, "\t" if suffix in (".tsv", ".txt") else ",")
+    raise ManifestError(f"{path}: unknown caption format {suffix!r}; use .csv, .tsv or .jsonl")
+
+
+def _read_jsonl(path: Path) -> list[CaptionRecord]:
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for lineno, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+            if not isinstance(rec, dict) or not isinstance(rec.get("caption"), str) or not rec["caption"].strip():
+                raise ManifestError(f"{path}:{lineno}: needs a non-empty string field 'caption'")
+            truth = None
+            if "decomposition" in rec:
+                try:
+                    truth = Decomposition.from_dict(rec["decomposition"])
+                except ValueError as exc:
+                    raise ManifestError(f"{path}:{lineno}: bad decomposition: {exc}") from exc
+            rid = rec.get("id", rec.get("image", rec.get("url", lineno)))
+            out.append(CaptionRecord(str(rid), rec["caption"], truth))
+    return out
+
+
+def _looks_like_id(value: str) -> bool:
+    v = value.strip()
+    return v.startswith(("http://", "https://", "s3://", "/")) or (" " not in v and ("/" in v or "." in v[-6:]))
+
+
+def _read_table(path: Path, delimiter: str) -> list[CaptionRecord]:
+    with path.open(encoding="utf-8", newline="") as f:
+        rows = list(csv.reader(f, delimiter=delimiter))
+    rows = [(i, r) for i, r in enumerate(rows, 1) if any(c.strip() for c in r)]
+    if not rows:
+        raise ManifestError(f"{path}: no rows")
+    header = [c.strip().lower() for c in rows[0][1]]
+    cap_col = next((header.index(c) for c in CAPTION_COLUMNS if c in header), None)
+    if cap_col is not None:
+        id_col = next((header.index(c) for c in ID_COLUMNS if c in header), None)
+        body = rows[1:]
+    else:
+        first = rows[0][1]
+        if len(first) != 2:
+            raise ManifestError(f"{path}:{rows[0][0]}: without a header the file needs exactly 2 columns "
+                                f"(id and caption), found {len(first)}; or add a header with a 'caption' column")
+        id_col = 0 if _looks_like_id(first[0]) else 1
+        cap_col = 1 - id_col
+        body = rows
+    width = len(rows[0][1])
+    out = []
+    for lineno, r in body:
+        if len(r) != width:
+            raise ManifestError(f"{path}:{lineno}: expected {width} columns, found {len(r)}")
+        caption = r[cap_col].strip()
+        if not caption:
+            raise ManifestError(f"{path}:{lineno}: empty caption")
+        out.append(CaptionRecord(r[id_col].strip() if id_col is not None else str(lineno), caption))
+    return out

@@ -1,0 +1,72 @@
+"""The decomposition job: every distinct caption once, in batches, into the store; resumable at any point."""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..utils.io import iter_batches
+from ..utils.progress import Bar
+from .schema import Decomposer, Decomposition, caption_hash
+from .store import DecompositionStore
+
+
+@dataclass
+class DecomposeStats:
+    captions: int = 0          # rows read
+    distinct: int = 0          # distinct captions
+    already_done: int = 0      # found in the store at start
+    done_now: int = 0
+    flagged: int = 0           # done now by a fallback
+    seconds: float = 0.0
+    settings_id: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)  # the decomposer's own counters (requests, retries, ...)
+
+    @property
+    def captions_per_s(self) -> float:
+        return self.done_now / self.seconds if self.seconds > 0 else 0.0
+
+    def summary(self) -> str:
+        lines = [f"{self.captions} captions, {self.distinct} distinct: {self.already_done} already in the store, "
+                 f"{self.done_now} decomposed now in {self.seconds:.1f}s ({self.captions_per_s:.1f} captions/s)",
+                 f"flagged (fallback used): {self.flagged}"]
+        if self.extra:
+            lines.append("decomposer: " + ", ".join(f"{k}={v}" for k, v in sorted(self.extra.items())))
+        return "\n".join(lines)
+
+
+def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str | Path, batch_size: int = 64,
+                  show_progress: bool = True) -> DecomposeStats:
+    distinct = list(dict.fromkeys(captions))
+    stats = DecomposeStats(captions=len(captions), distinct=len(distinct))
+    with DecompositionStore(store_path) as store:
+        sid = store.register(decomposer.settings)
+        stats.settings_id = sid
+        done = store.done_hashes(sid)
+        todo = [c for c in distinct if caption_hash(c) not in done]
+        stats.already_done = len(distinct) - len(todo)
+        t0 = time.perf_counter()
+        with Bar(len(distinct), f"decompose ({decomposer.settings.get('name')})", initial=stats.already_done) \
+                if show_progress else _NoBar() as bar:
+            for batch in iter_batches(todo, batch_size):
+                results: list[Decomposition] = decomposer.decompose_batch(batch)
+                if [d.caption for d in results] != batch:
+                    raise RuntimeError("decomposer returned results out of order")
+                stats.done_now += store.put_many(sid, results)
+                stats.flagged += sum(1 for d in results if d.flag)
+                bar.update(len(batch))
+        stats.seconds = time.perf_counter() - t0
+    stats.extra = dict(getattr(decomposer, "stats", {}) or {})
+    return stats
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> "_NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass

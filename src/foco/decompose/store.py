@@ -1,0 +1,116 @@
+"""The decomposition store: one SQLite file, one row per (caption hash, decomposer settings).
+
+Each batch of results is written in one transaction, so a job killed at any point leaves only whole rows, and
+the primary key makes a second write of the same caption a no-op: restarted, a job finishes with every caption
+stored exactly once. Several decomposers (or settings) can share one store; training picks one by name.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+from typing import Any, Iterable
+
+from .schema import Decomposition, caption_hash, settings_id
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS settings (
+    settings_id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    json TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS decompositions (
+    caption_hash TEXT NOT NULL,
+    settings_id TEXT NOT NULL REFERENCES settings(settings_id),
+    caption TEXT NOT NULL,
+    record TEXT NOT NULL,          -- Decomposition.to_dict() as JSON
+    flag TEXT NOT NULL DEFAULT '', -- non-empty when a fallback produced the pairs
+    PRIMARY KEY (caption_hash, settings_id)
+) WITHOUT ROWID;
+"""
+
+
+class StoreError(ValueError):
+    pass
+
+
+class DecompositionStore:
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            self.db = sqlite3.connect(self.path, timeout=60)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a foco decomposition store: {exc}") from exc
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> "DecompositionStore":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def register(self, settings: dict[str, Any]) -> str:
+        sid = settings_id(settings)
+        with self.db:
+            self.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
+                            (sid, str(settings.get("name", "?")), json.dumps(settings, sort_keys=True)))
+        return sid
+
+    def done_hashes(self, sid: str) -> set[str]:
+        return {h for (h,) in self.db.execute("SELECT caption_hash FROM decompositions WHERE settings_id = ?", (sid,))}
+
+    def put_many(self, sid: str, results: Iterable[Decomposition]) -> int:
+        """Writes a batch in one transaction; captions already stored are left as they are. Returns rows added."""
+        rows = [(caption_hash(d.caption), sid, d.caption, json.dumps(d.to_dict(), ensure_ascii=False), d.flag)
+                for d in results]
+        with self.db:
+            before = self.db.total_changes
+            self.db.executemany("INSERT OR IGNORE INTO decompositions VALUES (?, ?, ?, ?, ?)", rows)
+            return self.db.total_changes - before
+
+    def count(self, sid: str | None = None) -> int:
+        if sid is None:
+            return self.db.execute("SELECT COUNT(*) FROM decompositions").fetchone()[0]
+        return self.db.execute("SELECT COUNT(*) FROM decompositions WHERE settings_id = ?", (sid,)).fetchone()[0]
+
+    def flagged(self, sid: str) -> int:
+        return self.db.execute("SELECT COUNT(*) FROM decompositions WHERE settings_id = ? AND flag != ''",
+                               (sid,)).fetchone()[0]
+
+    def settings(self) -> dict[str, dict[str, Any]]:
+        return {sid: json.loads(js) for sid, js in self.db.execute("SELECT settings_id, json FROM settings")}
+
+    def resolve(self, name: str) -> str:
+        """The settings id of the one decomposer called `name` in this store (an id is accepted as is)."""
+        known = self.settings()
+        if name in known:
+            return name
+        matches = [sid for sid, s in known.items() if s.get("name") == name]
+        if len(matches) == 1:
+            return matches[0]
+        listing = ", ".join(f"{sid} ({s.get('name')})" for sid, s in known.items()) or "none"
+        if not matches:
+            raise StoreError(f"{self.path} holds no '{name}' decompositions; it holds: {listing}")
+        raise StoreError(f"{self.path} holds {len(matches)} '{name}' settings; pass one of these ids: {listing}")
+
+    def get_many(self, sid: str, captions: list[str]) -> dict[str, Decomposition]:
+        """caption -> Decomposition for every caption; raises StoreError naming how many are missing."""
+        wanted = {caption_hash(c): c for c in captions}
+        found: dict[str, Decomposition] = {}
+        hashes = list(wanted)
+        for i in range(0, len(hashes), 500):
+            part = hashes[i:i + 500]
+            q = f"SELECT caption_hash, record FROM decompositions WHERE settings_id = ? AND caption_hash IN " \
+                f"({','.join('?' * len(part))})"
+            for h, record in self.db.execute(q, (sid, *part)):
+                found[wanted[h]] = Decomposition.from_dict(json.loads(record))
+        missing = [c for c in wanted.values() if c not in found]
+        if missing:
+            raise StoreError(f"{len(missing)} of {len(wanted)} captions have no decomposition with settings {sid} "
+                             f"in {self.path} (e.g. {missing[0]!r}); run `foco decompose` on them first")
+        return found
