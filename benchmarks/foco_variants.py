@@ -18,6 +18,8 @@ import json
 import time
 from pathlib import Path
 
+import torch
+
 from foco.baselines import build_method
 from foco.data import PairTable, build_pair_table
 from foco.evaluate import compose_queries, load_benchmark_features, recall_by_edit_type, score_queries
@@ -33,6 +35,8 @@ def main() -> None:
     ap.add_argument("--out", required=True)
     ap.add_argument("--config", default="{}")
     ap.add_argument("--pairs", type=int, default=None, help="train on the first N pairs only")
+    ap.add_argument("--local-context-prob", type=float, default=0.0,
+                    help="exploratory: replace this fraction of contextual captions by their local caption")
     a = ap.parse_args()
     kw = json.loads(a.config)
     cfg = FoCoTrainConfig(**{k: v for k, v in kw.items() if k != "model"}, model=FoCoConfig(**kw.get("model", {})))
@@ -42,9 +46,13 @@ def main() -> None:
         n = a.pairs
         table = PairTable(table.image_global[:n], table.patches[:n], table.text_global, table.text_tokens,
                           table.text_mask, table.local_idx[:n], table.context_idx[:n])
+    if a.local_context_prob > 0:
+        g = torch.Generator().manual_seed(0)
+        swap = (torch.rand(table.local_idx.shape, generator=g) < a.local_context_prob) & (table.local_idx >= 0)
+        table.context_idx = torch.where(swap, table.local_idx, table.context_idx)
     t = time.time()
     train_foco(table, a.out, cfg)
-    res = {"config": kw, "pairs": len(table), "train_s": round(time.time() - t, 1), "val": {}}
+    res = {"config": kw, "local_context_prob": a.local_context_prob, "pairs": len(table), "train_s": round(time.time() - t, 1), "val": {}}
     for proto in ("single", "multi"):
         bf = load_benchmark_features(a.world, "val", proto, feats / f"val-{proto}")
         for name in ("foco", "image", "text", "sum"):
