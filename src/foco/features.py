@@ -19,7 +19,7 @@ import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
 
@@ -114,13 +114,16 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
     return torch.cat(ts, 0)
 
 
-def extract_images(backbone: Backbone, items: Sequence[tuple[str, str | Path]], out: str | Path,
+def extract_images(backbone: Backbone, items: Sequence[tuple[str, Any]], out: str | Path,
                    cfg: ExtractConfig = ExtractConfig()) -> dict:
-    """Encodes images given as (id, path) into `out`/images. Unreadable images raise, naming the file."""
-    def encode(paths):
-        f = backbone.encode_images([load_image(p) for p in paths])
+    """Encodes images given as (id, source) into `out`/images. A source is a path, or an object with `load()`
+    returning a PIL image and a `str()` that identifies it (e.g. a crop: `foco.benchmarks.ImageRef`).
+    Unreadable images raise, naming the file."""
+    def encode(sources):
+        f = backbone.encode_images([s.load() if hasattr(s, "load") else load_image(s) for s in sources])
         return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {})}
-    return _extract("images", encode, backbone, [i for i, _ in items], [str(p) for _, p in items], Path(out), cfg)
+    sources = [s if hasattr(s, "load") else str(s) for _, s in items]
+    return _extract("images", encode, backbone, [i for i, _ in items], sources, Path(out), cfg)
 
 
 def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str | Path,

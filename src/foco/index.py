@@ -27,14 +27,32 @@ class ExactIndex:
 
     def search(self, queries: torch.Tensor, k: int, exclude: torch.Tensor | None = None, chunk: int = 1024
                ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Top-k per query; `exclude` (Q,) removes one gallery index per query (e.g. the reference)."""
+        """Top-k per query, best first; equal scores rank in gallery order (as `metrics.rank_by_score`).
+        `exclude` (Q,) removes one gallery index per query (e.g. the reference)."""
         k = min(k, len(self) - (exclude is not None))
         out_s, out_i = [], []
         for s in range(0, queries.shape[0], chunk):
             sc = self.scores(queries[s:s + chunk])  # (q, N)
             if exclude is not None:
                 sc[torch.arange(sc.shape[0]), exclude[s:s + chunk]] = float("-inf")
-            top = torch.topk(sc, k, dim=1)
-            out_s.append(top.values)
-            out_i.append(top.indices)
+            values, indices = _stable_topk(sc, k)
+            out_s.append(values)
+            out_i.append(indices)
         return torch.cat(out_s), torch.cat(out_i)
+
+
+def _stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(q, N) -> top-k (values, indices), each (q, k), best first and ties in index order. torch.topk leaves the
+    order of equal scores unspecified: rows where the k-th score is shared beyond the top k get a full stable sort,
+    then every top k is reordered by (score descending, index ascending)."""
+    if k == 0:
+        return scores[:, :0], torch.empty(scores.shape[0], 0, dtype=torch.long)
+    idx = torch.topk(scores, k, dim=1).indices  # (q, k)
+    kth = scores.gather(1, idx).min(dim=1, keepdim=True).values  # (q, 1)
+    tied = (scores >= kth).sum(dim=1) > k  # (q,): which of the equal scores make the cut is undecided
+    if tied.any():
+        idx[tied] = torch.sort(scores[tied], dim=1, descending=True, stable=True).indices[:, :k]
+    idx = idx.sort(dim=1).values  # index order, so that the stable sort below breaks ties by index
+    values = scores.gather(1, idx)
+    order = torch.sort(values, dim=1, descending=True, stable=True).indices
+    return values.gather(1, order), idx.gather(1, order)
