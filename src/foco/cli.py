@@ -83,18 +83,71 @@ def _train(a: argparse.Namespace) -> int:
 
 
 def _eval(a: argparse.Namespace) -> int:
+    if a.benchmark:
+        return _eval_benchmark(a)
+    if not a.world or not a.features:
+        raise ValueError("foco eval needs --benchmark NAME --root PATH, or --world WORLD --features DIR")
     from .baselines import build_method
     from .evaluate import evaluate_method, load_benchmark_features
     from .quickstart import results_table
-    results = {"benchmark": f"world/{a.split}", "protocols": {}, "methods": {}}
+    split = a.split or "test"
+    results = {"benchmark": f"world/{split}", "protocols": {}, "methods": {}}
     for protocol in a.protocols.split(","):
-        bf = load_benchmark_features(a.world, a.split, protocol, Path(a.features) / f"{a.split}-{protocol}")
+        bf = load_benchmark_features(a.world, split, protocol, Path(a.features) / f"{split}-{protocol}")
         results["protocols"][protocol] = {"queries": len(bf.ref_index), "gallery": len(bf.bench.gallery_ids)}
         for name in a.methods.split(","):
             results["methods"].setdefault(name, {}).update(evaluate_method(build_method(name, a.checkpoint), bf))
     print(results_table(results))
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _eval_benchmark(a: argparse.Namespace) -> int:
+    """`foco eval --benchmark NAME --root PATH`: an official-format benchmark (or the world) from its files."""
+    from .backbones import create_backbone
+    from .benchmarks import read_benchmark
+    from .benchmarks.cache import backbone_slug
+    from .benchmarks.run import EvalConfig, evaluate_parts, results_table
+    from .features import ExtractConfig
+    from .utils.io import atomic_write_text, read_json
+    if not a.root:
+        raise ValueError("--benchmark needs --root, the dataset folder in its official layout")
+    split = a.split or "val"
+    backbone_spec = a.backbone
+    if backbone_spec is None and a.checkpoint:  # a FoCo checkpoint records the backbone it was trained on
+        backbone_spec = read_json(Path(a.checkpoint) / "foco.json").get("backbone")
+    if not backbone_spec:
+        raise ValueError("--benchmark needs --backbone (e.g. world:runs/quickstart/backbone or hf:PATH)")
+    options: dict = {}
+    if a.benchmark == "fashioniq":
+        options["join"] = a.fashioniq_join
+    elif a.benchmark == "genecis":
+        from .benchmarks.genecis import TASKS
+        options.update(tasks=TASKS if a.genecis_task == "all" else tuple(a.genecis_task.split(",")),
+                       coco_dir=a.genecis_coco, vg_dir=a.genecis_vg)
+    parts = read_benchmark(a.benchmark, a.root, split, **options)  # every file checked before any encoding
+    cache = Path(a.cache or Path("runs") / "cache" / f"{a.benchmark}-{split}" / backbone_slug(backbone_spec))
+    submissions = Path(a.submission_dir or (Path(a.out).parent if a.out else Path("runs") / "submissions"))
+    cfg = EvalConfig(methods=tuple(a.methods.split(",")), checkpoint=Path(a.checkpoint) if a.checkpoint else None,
+                     cache=cache, submission_dir=submissions,
+                     extract=ExtractConfig(batch_size=a.batch_size))
+    results = evaluate_parts(parts, create_backbone(backbone_spec, device=a.device), cfg)
+    print(results_table(results))
+    print(f"\nfeatures cached in {cache}")
+    if a.out:
+        atomic_write_text(a.out, json.dumps(results, indent=2) + "\n")
+        print(f"results in {a.out}")
+    return 0
+
+
+def _world_export(a: argparse.Namespace) -> int:
+    from .benchmarks.export import export_world
+    summary = export_world(a.world, a.format, a.split, a.out)
+    print(f"world {a.split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
+          f"{summary['queries']} queries, {summary['gallery']} gallery images")
+    print(f"evaluate it with: foco eval --benchmark {a.format} --root {a.out} --split "
+          f"{'val' if a.format == 'genecis' else a.split} --backbone ... --checkpoint ...")
     return 0
 
 
@@ -167,6 +220,13 @@ def build_parser() -> argparse.ArgumentParser:
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
     v.set_defaults(func=_world_verify)
+    ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...)")
+    ex.add_argument("--world", required=True)
+    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis"])
+    ex.add_argument("--split", default="val", choices=["val", "test"],
+                    help="test files carry no targets, as the official ones (GeneCIS keeps them)")
+    ex.add_argument("--out", required=True)
+    ex.set_defaults(func=_world_export)
 
     bb = sub.add_parser("backbone", help="the world backbone").add_subparsers(dest="action", required=True)
     t = bb.add_parser("train", help="pretrain the world backbone contrastively on the pretrain split")
@@ -217,13 +277,32 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     tr.set_defaults(func=_train)
 
-    ev = sub.add_parser("eval", help="evaluate methods on a world benchmark from cached features")
-    ev.add_argument("--world", required=True)
-    ev.add_argument("--split", default="test", choices=["val", "test"])
-    ev.add_argument("--features", required=True, help="folder holding <split>-<protocol> caches")
-    ev.add_argument("--protocols", default="single,multi")
+    ev = sub.add_parser("eval", help="evaluate methods on a benchmark (official formats, or the world's caches)")
+    ev.add_argument("--benchmark", default=None, choices=["fashioniq", "cirr", "circo", "genecis", "world"],
+                    help="read this benchmark from --root in its official layout (docs: foco.benchmarks)")
+    ev.add_argument("--root", default=None, help="with --benchmark: the dataset folder (a world folder for world)")
+    ev.add_argument("--world", default=None, help="without --benchmark: a world folder, evaluated from --features")
+    ev.add_argument("--split", default=None, choices=["val", "test"],
+                    help="default: val with --benchmark, test with --world")
+    ev.add_argument("--features", default=None, help="without --benchmark: folder holding <split>-<protocol> caches")
+    ev.add_argument("--protocols", default="single,multi", help="without --benchmark: world protocols")
     ev.add_argument("--methods", default="foco,image,text,sum")
     ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
+    ev.add_argument("--backbone", default=None,
+                    help="with --benchmark: backbone spec (default: the one recorded in the FoCo checkpoint)")
+    ev.add_argument("--cache", default=None,
+                    help="with --benchmark: feature cache folder (default runs/cache/<benchmark>-<split>/<backbone>)")
+    ev.add_argument("--fashioniq-join", default="both", choices=["both", "single", "pic2word"],
+                    help="how FashionIQ's two captions become query text")
+    ev.add_argument("--genecis-task", default="all",
+                    help="all, or comma-separated of focus_attribute,change_attribute,focus_object,change_object")
+    ev.add_argument("--genecis-coco", default=None, help="GeneCIS object-task images (default ROOT/val2017)")
+    ev.add_argument("--genecis-vg", default=None, help="GeneCIS attribute-task images (default ROOT/VG_100K_all)")
+    ev.add_argument("--submission-dir", default=None,
+                    help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
+                         "runs/submissions)")
+    ev.add_argument("--batch-size", type=int, default=128, help="images or texts per encoder call")
+    ev.add_argument("--device", default="cpu")
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.set_defaults(func=_eval)
 
