@@ -52,5 +52,5 @@ export FOCO_LLM_URL="http://127.0.0.1:$PORT/v1" FOCO_LLM_MODEL=qwen2.5-coder-0.5
 echo "== tests/test_llm_server.py"
 FOCO_TEST_WORLD="$WORLD" $PY -m pytest -q tests/test_llm_server.py -rs
 echo "== quality and speed on $N world captions"
-$PY benchmarks/decomposition_quality.py --world "$WORLD" --n "$N" --decomposers rule,llm --json-mode \
+$PY benchmarks/decomposition_quality.py --world "$WORLD" --n "$N" --decomposers rule,llm \
   --store "$OUT/store.sqlite" --out "$OUT/quality.json"

@@ -40,7 +40,7 @@ def test_real_server_decomposes_world_captions(world, tmp_path, capsys):
     from foco.decompose.prompt import parse_answer
     store = tmp_path / "llm.sqlite"
     argv = ["decompose", "--in", str(world), "--out", str(store), "--decomposer", "llm", "--limit", "12",
-            "--min-pairs", "1", "--json-mode", "--concurrency", "2", "--timeout", "120"]
+            "--min-pairs", "1", "--concurrency", "1", "--timeout", "120"]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     captions = list(dict.fromkeys(r.caption for r in read_captions(world)[:12]))
