@@ -43,15 +43,16 @@ class ExactIndex:
 
 def _stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(q, N) -> top-k (values, indices), each (q, k), best first and ties in index order. torch.topk leaves the
-    order of equal scores unspecified: rows where the k-th score is shared beyond the top k get a full stable sort,
-    then every top k is reordered by (score descending, index ascending)."""
+    order of equal scores unspecified: rows whose (k+1)-th best score equals the k-th (equal scores on both sides
+    of the cut) get a full stable sort, then every top k is reordered by (score descending, index ascending)."""
     if k == 0:
         return scores[:, :0], torch.empty(scores.shape[0], 0, dtype=torch.long)
-    idx = torch.topk(scores, k, dim=1).indices  # (q, k)
-    kth = scores.gather(1, idx).min(dim=1, keepdim=True).values  # (q, 1)
-    tied = (scores >= kth).sum(dim=1) > k  # (q,): which of the equal scores make the cut is undecided
-    if tied.any():
-        idx[tied] = torch.sort(scores[tied], dim=1, descending=True, stable=True).indices[:, :k]
+    top = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)  # (q, k+1): one more, to see ties at the cut
+    idx = top.indices[:, :k]  # (q, k)
+    if top.values.shape[1] > k:
+        tied = top.values[:, k] == top.values[:, k - 1]  # (q,)
+        if tied.any():
+            idx[tied] = torch.sort(scores[tied], dim=1, descending=True, stable=True).indices[:, :k]
     idx = idx.sort(dim=1).values  # index order, so that the stable sort below breaks ties by index
     values = scores.gather(1, idx)
     order = torch.sort(values, dim=1, descending=True, stable=True).indices
