@@ -233,6 +233,7 @@ def test_missing_images_are_counted_up_front(exports, models, tmp_path):
     assert main(["eval", "--benchmark", "cirr", "--root", str(root), "--methods", "sum", "--backbone",
                  models["backbone"], "--cache", str(tmp_path / "cache")]) == 2
     assert not (tmp_path / "cache").exists()
+    assert main(["eval", "--root", str(root)]) == 2  # neither --benchmark nor --world
 
     g = _copy(exports, "genecis", tmp_path)
     for p in sorted((g / "val2017").glob("*.png"))[:2]:
@@ -290,6 +291,10 @@ def test_genecis_keeps_only_the_modal_gallery_length(exports, tmp_path):
     assert len(parts["genecis/focus_object"].queries) == len(entries) - 1
     assert all(len(q.gallery) == 5 for q in parts["genecis/focus_object"].queries)
     assert modal_gallery_length([3, 3, 5, 5, 7]) == 3 and modal_gallery_length([4, 9, 9]) == 9
+    only = read_benchmark("genecis", root, "val", tasks=("change_object",))
+    assert [p.name for p in only] == ["genecis/change_object"]
+    with pytest.raises(ValueError, match="unknown GeneCIS task"):
+        read_benchmark("genecis", root, "val", tasks=("change_colour",))
 
 
 # ---------------------------------------------------------------- the GeneCIS crop

@@ -2,6 +2,18 @@
 all read into one form (`CIRBenchmark`) and evaluated by the same caching, ranking and metric code.
 
     parts = read_benchmark("cirr", "/data/CIRR", "val")          # -> list[CIRBenchmark]
+
+    foco eval --benchmark {fashioniq,cirr,circo,genecis,world} --root PATH --split {val,test} \
+              --checkpoint DIR [--backbone SPEC] [--methods foco,image,text,sum] [--cache DIR] [--out results.json]
+
+Layouts and protocols: the docstrings of `fashioniq`, `cirr`, `circo`, `genecis` (GeneCIS image folders default to
+ROOT/val2017 and ROOT/VG_100K_all; `--genecis-coco`, `--genecis-vg` override them). Every annotation file and image
+is checked before anything is encoded; problems are reported with counts (ManifestError, ImageLoadError).
+
+Feature caches (`cache`): by default `runs/cache/<benchmark>-<split>/<backbone>/` under the current directory, not
+under the dataset root (often read-only or shared): per part `gallery/` (global features only), `references/`
+(global + patches, for FoCo) and `texts-<hash>/`. Extraction is resumable; rerunning reuses every finished shard.
+Test splits of CIRR and CIRCO produce server submission files (`submission`), beside `--out` by default.
 """
 from __future__ import annotations
 
