@@ -1,0 +1,58 @@
+"""Spherical interpolation of the reference image and the modification text (SlerpTAT's composition).
+
+    q(alpha) = sin((1 - alpha) theta) / sin(theta) * v + sin(alpha theta) / sin(theta) * t,   cos(theta) = v . t
+
+with v and t the L2-normalised reference-image and modification-text globals: alpha = 0 is the image, alpha = 1
+the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark by a grid (`choose_alpha`).
+
+This is the training-free part of SlerpTAT only: the paper also tunes the text encoder with LoRA (text-anchored
+tuning); that tuning is not done here, so these numbers are a lower bound of SlerpTAT with the same backbone.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..backbones.base import ImageFeatures, TextFeatures
+from ..model.encoder import ComposedQuery
+
+ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # 0.0, 0.05, ..., 1.0
+
+
+def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> torch.Tensor:
+    """(B, D), (B, D) -> (B, D) unit vectors on the great circle from normalize(v) (alpha 0) to normalize(t) (1).
+    Nearly parallel pairs fall back to the normalised linear interpolation."""
+    v, t = F.normalize(v.float(), dim=-1), F.normalize(t.float(), dim=-1)
+    cos = (v * t).sum(-1, keepdim=True).clamp(-1.0, 1.0)  # (B, 1)
+    theta = torch.acos(cos)  # (B, 1)
+    sin = torch.sin(theta)  # (B, 1)
+    small = sin < eps
+    safe = torch.where(small, torch.ones_like(sin), sin)
+    w_v = torch.where(small, torch.full_like(sin, 1 - alpha), torch.sin((1 - alpha) * theta) / safe)  # (B, 1)
+    w_t = torch.where(small, torch.full_like(sin, alpha), torch.sin(alpha * theta) / safe)  # (B, 1)
+    return F.normalize(w_v * v + w_t * t, dim=-1)
+
+
+class SlerpMethod:
+    """`QueryMethod`: slerp(reference global, modification global, alpha)."""
+
+    def __init__(self, alpha: float = 0.5):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"alpha must be in [0, 1], got {alpha}")
+        self.alpha = alpha
+
+    def encode(self, reference: ImageFeatures, modification: TextFeatures) -> ComposedQuery:
+        return ComposedQuery(slerp(reference.global_, modification.global_, self.alpha), attention=None, v_loc=None)
+
+
+def choose_alpha(bf_val, grid: Sequence[float] = ALPHA_GRID, metric: str | None = None
+                 ) -> tuple[float, dict[float, float]]:
+    """The alpha of `grid` with the best `metric` on a val `foco.evaluate.BenchmarkFeatures` (default R@1 for
+    `single`, mAP@10 for `multi`); ties go to the smaller alpha. Returns (alpha, {alpha: metric})."""
+    from ..evaluate import compose_queries, score_queries
+    metric = metric or ("R@1" if bf_val.bench.protocol == "single" else "mAP@10")
+    table = {float(a): score_queries(compose_queries(SlerpMethod(float(a)), bf_val), bf_val)[metric] for a in grid}
+    best = max(table, key=lambda a: (table[a], -a))
+    return best, table
