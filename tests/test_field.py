@@ -272,15 +272,17 @@ def test_ambiguous_split_is_deterministic_and_leaves_the_world_alone(mini_world,
 
 
 def test_box_moves_foco_attention_into_the_box(mini_world, world_bb, tmp_path):
-    from foco.box_eval import evaluate_box_anchoring
+    from foco.box_eval import choose_beta, evaluate_box_anchoring
     from foco.world.ambiguous import generate_ambiguous_split, load_ambiguous
     generate_ambiguous_split(mini_world, "val", n_queries=12, out=tmp_path)
     extract_world_split(world_bb, tmp_path, "val-ambiguous/single", tmp_path / "cache", ExtractConfig(dtype="float32"))
     bf = load_benchmark_features(tmp_path, "val-ambiguous", "single", tmp_path / "cache")
     torch.manual_seed(0)
     model = ComposedQueryEncoder(FoCoConfig(dim=32)).eval()
-    res = evaluate_box_anchoring(model, bf, load_ambiguous(tmp_path, "val"), grid=SMALL.image_size // 8,
-                                 betas=(0.0, 1.0, 4.0))
-    mass = [res[b]["attn_in_box"] for b in (0.0, 1.0, 4.0)]
-    assert mass[0] < mass[1] < mass[2] and mass[2] > 50, mass
+    betas = (-2.0, 0.0, 1.0, 4.0)
+    res = evaluate_box_anchoring(model, bf, load_ambiguous(tmp_path, "val"), grid=SMALL.image_size // 8, betas=betas)
+    mass = [res[b]["attn_in_box"] for b in betas]
+    assert mass == sorted(mass) and len(set(mass)) == len(mass) and mass[-1] > 50, mass
     assert all(0 <= res[b]["instance_acc"] <= 100 and "R@1" in res[b] for b in res)
+    assert choose_beta(res) in betas
+    assert choose_beta({-1.0: {"R@1": 5.0}, 0.0: {"R@1": 5.0}, 2.0: {"R@1": 1.0}}) == 0.0

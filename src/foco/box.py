@@ -8,6 +8,12 @@ an additive modulation beta on F_Aggr's attention logits for the patches inside 
 so that attention mass moves into the box as beta grows (beta = 0 is plain FoCo). AdaFocal predicts beta from the
 query with a small attention module; here beta is a fixed scalar chosen on val.
 
+The sign says what the box means. In AdaFocal the box marks the instance to *preserve*: beta > 0. FoCo's F_Aggr
+localizes the part that F_Comp then completes with the text (in training: the object the contextual caption leaves
+out, which the target keeps), so a box around the object to *change* (the ambiguous world benchmark) calls for
+beta < 0, pushing attention onto the rest of the image. On the quickstart world run, beta < 0 raises FoCo's
+instance accuracy on that benchmark and beta > 0 lowers it (benchmarks/field_table.py).
+
 Patches are the backbone's square grid (world: `WorldBackboneConfig.image_size // 8` per side; CLIP/SigLIP:
 sqrt(num_patches)), row-major as the towers flatten them. A box is mapped onto that grid by plain scaling, which is
 exact for the world backbone and for square images under CLIP's resize + centre crop; other images need the box

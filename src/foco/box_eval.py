@@ -1,8 +1,11 @@
 """FoCo with and without box anchoring on the ambiguous world benchmark (`foco.world.ambiguous`).
 
-    bf = load_benchmark_features(world, "test-ambiguous", "single", cache)
-    ann = load_ambiguous(world, "test")
-    results = evaluate_box_anchoring(ComposedQueryEncoder.load(ckpt), bf, ann, grid=8, betas=(0, 2, 4))
+    model = ComposedQueryEncoder.load(ckpt)
+    val = evaluate_box_anchoring(model, load_benchmark_features(world, "val-ambiguous", "single", val_cache),
+                                 load_ambiguous(world, "val"), grid=8, betas=(-4, -2, 0, 2, 4))
+    beta = choose_beta(val)
+    test = evaluate_box_anchoring(model, load_benchmark_features(world, "test-ambiguous", "single", test_cache),
+                                  load_ambiguous(world, "test"), grid=8, betas=(0.0, beta))
 
 For each beta: the usual `single` metrics (`foco.evaluate.score_queries`), `instance_acc` (percentage of queries
 whose target outscores the confuser, the same edit on the other object of the same kind: 50 is a coin flip) and
@@ -48,9 +51,10 @@ def instance_accuracy(queries: torch.Tensor, bf: BenchmarkFeatures, confusers: S
 
 
 def evaluate_box_anchoring(model: ComposedQueryEncoder, bf: BenchmarkFeatures, ann: AmbiguousAnnotations,
-                           grid: int, betas: Sequence[float] = (0.0, 1.0, 2.0, 4.0), min_cover: float = 0.25
+                           grid: int, betas: Sequence[float] = (-4.0, -2.0, 0.0, 2.0, 4.0), min_cover: float = 0.25
                            ) -> dict[float, dict[str, float]]:
-    """{beta: metrics} of FoCo on the ambiguous benchmark; beta = 0 is FoCo without the box.
+    """{beta: metrics} of FoCo on the ambiguous benchmark; beta = 0 is FoCo without the box. The box marks the
+    object to change, so negative betas are the matching sign for FoCo (see `foco.box`).
 
     Args:
         grid: the backbone's patch grid side (world: image_size // 8; `foco.box.patch_grid(num_patches)`).
@@ -64,3 +68,8 @@ def evaluate_box_anchoring(model: ComposedQueryEncoder, bf: BenchmarkFeatures, a
         out[float(beta)] = {**score_queries(queries, bf), "instance_acc": instance_accuracy(queries, bf, ann.confusers),
                             "attn_in_box": 100.0 * attention_mass(attention, mask).mean().item()}
     return out
+
+
+def choose_beta(results: dict[float, dict[str, float]], metric: str = "R@1") -> float:
+    """The beta of `evaluate_box_anchoring`'s val results with the best `metric`; ties go to the smallest |beta|."""
+    return max(results, key=lambda b: (results[b][metric], -abs(b)))

@@ -15,7 +15,8 @@ fields, `box` and `confuser` (a gallery id)::
 
 so that `load_benchmark(root, "test-ambiguous", "single")`, `foco features extract --split test-ambiguous/single`
 and `foco.evaluate` read it like any world benchmark. The world's own files are not touched; no scene of the world
-is reused. The same world gives byte-identical files.
+is reused. The same world gives byte-identical files, whatever else was generated before: the val and test variants
+are therefore drawn independently (separate seeds), not excluded from each other.
 """
 from __future__ import annotations
 
