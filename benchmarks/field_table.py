@@ -26,7 +26,7 @@ from foco.box_eval import choose_beta, evaluate_box_anchoring
 from foco.chord import choose_lambda, score_queries_chord
 from foco.evaluate import compose_queries, load_benchmark_features, score_queries
 from foco.features import ExtractConfig, FeatureCache
-from foco.methods import (Pic2WordConfig, Pic2WordMethod, Pic2WordTrainConfig, SlerpMethod, choose_alpha,
+from foco.methods import (Pic2WordMethod, Pic2WordTrainConfig, SlerpMethod, choose_alpha,
                           compose_raw_queries, needs_backbone, train_pic2word)
 from foco.model import ComposedQueryEncoder
 from foco.utils.io import atomic_write_text
@@ -132,8 +132,8 @@ def _table(r: dict) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{m[c]:.1f} -> {m['chord ' + c]:.1f}" for c in cols) + " |")
     lines += ["", "chosen: " + ", ".join(f"{k}={v['value']}" for k, v in r["chosen"].items()),
               f"Pic2Word image -> 'a photo of *' R@1 among 512 test images: {r['pic2word_prompt_R@1_512_test_images']:.1f}",
-              "", f"Ambiguous test variant ({r['ambiguous']['queries']} queries, {r['ambiguous']['gallery']} gallery); "
-              f"beta chosen on val-ambiguous (R@1): {r['ambiguous']['beta_chosen_on_val']}", "",
+              "", (f"Ambiguous test variant ({r['ambiguous']['queries']} queries, {r['ambiguous']['gallery']} gallery); "
+                   f"beta chosen on val-ambiguous (R@1): {r['ambiguous']['beta_chosen_on_val']}"), "",
               "| method | R@1 | R@5 | Rs@1 | instance acc | attention in box |", "|---|---|---|---|---|---|"]
     for beta, m in r["ambiguous"]["foco"].items():
         lines.append(f"| foco beta={beta} | {m['R@1']:.1f} | {m['R@5']:.1f} | {m['Rs@1']:.1f} | "

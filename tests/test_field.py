@@ -25,7 +25,8 @@ from foco.features import ExtractConfig, FeatureCache
 from test_backbone_hf import clip_dir, siglip_dir  # noqa: F401  (fixtures: tiny random checkpoints)
 
 SMALL = WorldBackboneConfig(widths=(8, 16, 32), embed_dim=32, text_width=32, text_layers=1, text_heads=2)
-MINI = dict(pretrain=8, train=192, backbone_val=8, val_single=16, val_multi=8, test_single=8, test_multi=4)
+MINI = {"pretrain": 8, "train": 192, "backbone_val": 8, "val_single": 16, "val_multi": 8, "test_single": 8,
+        "test_multi": 4}
 
 
 @pytest.fixture(scope="module")
@@ -140,6 +141,10 @@ def test_pic2word_on_world_features_saves_loads_and_composes(mini_world, world_b
 
 # -- (3) slerp ------------------------------------------------------------------------------------------------------
 
+def _angle(x, unit):
+    return torch.acos((F.normalize(x, dim=-1) * unit).sum(-1).clamp(-1, 1))
+
+
 def test_slerp_endpoints_norm_and_alpha_choice(val_features):
     g = torch.Generator().manual_seed(0)
     v, t = torch.randn(6, 16, generator=g), torch.randn(6, 16, generator=g)
@@ -148,8 +153,8 @@ def test_slerp_endpoints_norm_and_alpha_choice(val_features):
     for a in (0.1, 0.5, 0.9):
         q = slerp(v, t, a)
         torch.testing.assert_close(q.norm(dim=-1), torch.ones(6))
-        angle = lambda x, y: torch.acos((F.normalize(x, dim=-1) * y).sum(-1).clamp(-1, 1))  # noqa: E731
-        torch.testing.assert_close(angle(v, q) / (angle(v, q) + angle(t, q)), torch.full((6,), a), atol=1e-4, rtol=0)
+        to_v, to_t = _angle(v, q), _angle(t, q)  # q lies on the arc, alpha of the way from v to t
+        torch.testing.assert_close(to_v / (to_v + to_t), torch.full((6,), a), atol=1e-4, rtol=0)
     assert torch.isfinite(slerp(v, v, 0.3)).all()  # parallel: no division by sin(0)
     alpha, table = choose_alpha(val_features, grid=(0.0, 0.5, 1.0))
     assert alpha in table and table[alpha] == max(table.values())

@@ -14,6 +14,7 @@ queries come from `encode_raw(reference_global, modification_texts, backbone)`; 
 """
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import math
@@ -120,10 +121,11 @@ def _lr_factor(step: int, total: int, warmup_frac: float) -> float:
 
 
 def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,
-                   cfg: Pic2WordTrainConfig = Pic2WordTrainConfig(), resume: bool = False) -> Pic2WordMapper:
+                   cfg: Pic2WordTrainConfig | None = None, resume: bool = False) -> Pic2WordMapper:
     """Trains phi on N cached image globals (N, D) with the frozen `backbone`'s text tower; writes `out`/
     pic2word.safetensors + pic2word.json and train_log.jsonl. The state is saved after every epoch; `resume=True`
-    continues a killed run."""
+    continues a killed run. `cfg` is not modified (the dimensions are set on a copy)."""
+    cfg = copy.deepcopy(cfg) if cfg is not None else Pic2WordTrainConfig()
     out = Path(out)
     state_dir = out / "train_state"
     if has_training_state(state_dir) and not resume:
