@@ -24,3 +24,28 @@ def test_quickstart_tiny(tmp_path, capsys):
     again = json.loads((out / "results.json").read_text())
     assert again["methods"] == res["methods"]
     assert again["timings_s"]["backbone_s"] < 10 and again["timings_s"]["foco_train_s"] < 10
+
+    # the field side by side on the same cached features: Pic2Word trained on the run's train features, slerp and
+    # Chord with their parameters chosen on val
+    assert main(["pic2word", "train", "--features", str(out / "features" / "train"), "--out", str(out / "p2w"),
+                 "--epochs", "1"]) == 0
+    spec = json.loads((out / "foco" / "foco.json").read_text())["backbone"]
+    for protocol in ("single", "multi"):
+        assert main(["features", "extract", "--backbone", spec, "--world", str(out / "world"), "--split",
+                     f"val/{protocol}", "--out", str(out / "features" / f"val-{protocol}")]) == 0
+    capsys.readouterr()
+    field = ["eval", "--world", str(out / "world"), "--features", str(out / "features"), "--checkpoint",
+             str(out / "foco"), "--methods", "foco,pic2word,slerp,sum,image,text", "--pic2word", str(out / "p2w")]
+    assert main(field + ["--out", str(out / "field.json")]) == 0
+    plain = json.loads((out / "field.json").read_text())
+    assert list(plain["methods"]) == ["foco", "pic2word", "slerp", "sum", "image", "text"]
+    for name in ("foco", "sum", "image", "text"):  # same features, same numbers as the quickstart's table
+        assert plain["methods"][name] == res["methods"][name]
+    assert "slerp alpha (single)" in plain["chosen"]
+    assert main(field + ["--chord", "0", "--out", str(out / "chord0.json")]) == 0
+    assert json.loads((out / "chord0.json").read_text())["methods"] == plain["methods"]  # lambda 0 = cosine
+    assert main(field + ["--chord", "val", "--out", str(out / "chord.json")]) == 0
+    chord = json.loads((out / "chord.json").read_text())
+    assert {f"chord lambda {n} (single)" for n in plain["methods"]} <= set(chord["chosen"])
+    printed = capsys.readouterr().out
+    assert "| pic2word |" in printed and "Chord" in printed

@@ -87,19 +87,52 @@ def _eval(a: argparse.Namespace) -> int:
         return _eval_benchmark(a)
     if not a.world or not a.features:
         raise ValueError("foco eval needs --benchmark NAME --root PATH, or --world WORLD --features DIR")
-    from .baselines import build_method
-    from .evaluate import evaluate_method, load_benchmark_features
+    from .compare import MethodOptions, compare_methods
     from .quickstart import results_table
+    from .utils.io import read_json
     split = a.split or "test"
-    results = {"benchmark": f"world/{split}", "protocols": {}, "methods": {}}
-    for protocol in a.protocols.split(","):
-        bf = load_benchmark_features(a.world, split, protocol, Path(a.features) / f"{split}-{protocol}")
-        results["protocols"][protocol] = {"queries": len(bf.ref_index), "gallery": len(bf.bench.gallery_ids)}
-        for name in a.methods.split(","):
-            results["methods"].setdefault(name, {}).update(evaluate_method(build_method(name, a.checkpoint), bf))
+    backbone = a.backbone
+    if backbone is None and a.checkpoint:
+        backbone = read_json(Path(a.checkpoint) / "foco.json").get("backbone")
+    opts = MethodOptions(checkpoint=a.checkpoint, pic2word=a.pic2word, backbone=backbone,
+                         slerp_alpha=_float_or_val(a.slerp_alpha), chord=_float_or_val(a.chord))
+    results = compare_methods(a.world, split, a.features, a.methods.split(","), opts, tuple(a.protocols.split(",")))
     print(results_table(results))
+    for what, value in results["chosen"].items():
+        print(f"chosen on val: {what} = {value}")
+    if a.chord is not None:
+        print("scores: Chord (cosine + lambda * direction agreement)")
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+def _float_or_val(v: str | None) -> float | str | None:
+    if v is None or v == "val":
+        return v
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"expected a number or 'val', got {v!r}") from None
+
+
+def _pic2word_train(a: argparse.Namespace) -> int:
+    from .backbones import create_backbone
+    from .features import FeatureCache
+    from .methods import Pic2WordTrainConfig, train_pic2word
+    from .utils.io import read_json
+    spec = a.backbone or read_json(Path(a.features) / "manifest.json")["backbone"]
+    _, images = FeatureCache(a.features).images()
+    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    train_pic2word(images.global_, create_backbone(spec), a.out, cfg, resume=True)
+    print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
+    return 0
+
+
+def _world_ambiguous(a: argparse.Namespace) -> int:
+    from .world.ambiguous import generate_ambiguous_split, split_name
+    out = generate_ambiguous_split(a.world, a.split, n_queries=a.queries, out=a.out)
+    print(f"ambiguous benchmark {split_name(a.split)}/single written under {a.out or a.world} ({out})")
     return 0
 
 
@@ -217,6 +250,12 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--exhaustive-captions", action="store_true",
                    help="every training caption names every object and the background (default: some are partial)")
     g.set_defaults(func=_world_generate)
+    am = world.add_parser("ambiguous", help="the ambiguous-reference variant (two same-kind objects, a box)")
+    am.add_argument("--world", required=True)
+    am.add_argument("--split", default="test", choices=["val", "test"])
+    am.add_argument("--queries", type=int, default=None)
+    am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
+    am.set_defaults(func=_world_ambiguous)
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
     v.set_defaults(func=_world_verify)
@@ -286,7 +325,12 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: val with --benchmark, test with --world")
     ev.add_argument("--features", default=None, help="without --benchmark: folder holding <split>-<protocol> caches")
     ev.add_argument("--protocols", default="single,multi", help="without --benchmark: world protocols")
-    ev.add_argument("--methods", default="foco,image,text,sum")
+    ev.add_argument("--methods", default="foco,image,text,sum",
+                    help="comma-separated: foco, pic2word, slerp, sum, image, text (world benchmarks: all six)")
+    ev.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (foco pic2word train)")
+    ev.add_argument("--slerp-alpha", default="val", help="slerp's alpha, or 'val' to choose it on val features")
+    ev.add_argument("--chord", default=None, metavar="LAMBDA",
+                    help="Chord scoring with this lambda for every method, or 'val' to choose it per method on val")
     ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
     ev.add_argument("--backbone", default=None,
                     help="with --benchmark: backbone spec (default: the one recorded in the FoCo checkpoint)")
@@ -327,6 +371,17 @@ def build_parser() -> argparse.ArgumentParser:
     llm.add_argument("--max-tokens", type=int, default=400)
     llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
     dc.set_defaults(func=_decompose)
+
+    pw = sub.add_parser("pic2word", help="the Pic2Word baseline").add_subparsers(dest="action", required=True)
+    pt = pw.add_parser("train", help="train Pic2Word's mapping network on cached image features")
+    pt.add_argument("--features", required=True, help="feature cache of the training split (its images)")
+    pt.add_argument("--out", required=True)
+    pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
+    pt.add_argument("--epochs", type=int, default=2)
+    pt.add_argument("--batch-size", type=int, default=128)
+    pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--seed", type=int, default=0)
+    pt.set_defaults(func=_pic2word_train)
 
     qs = sub.add_parser("quickstart", help="world -> backbone -> decompositions -> FoCo -> evaluation")
     qs.add_argument("--out", required=True)
