@@ -30,6 +30,17 @@ def test_quickstart_tiny(tmp_path, capsys):
     assert main(["pic2word", "train", "--features", str(out / "features" / "train"), "--out", str(out / "p2w"),
                  "--epochs", "1"]) == 0
     spec = json.loads((out / "foco" / "foco.json").read_text())["backbone"]
+    # it learned its task on the trained tiny backbone: held-out image -> "a photo of *" far above chance
+    import torch
+    from foco import create_backbone
+    from foco.features import FeatureCache
+    from foco.methods import Pic2WordMethod
+    held_out = FeatureCache(out / "features" / "test-single").images()[1].global_[:128]  # (N, D)
+    mapper, bb = Pic2WordMethod.load(out / "p2w").mapper, create_backbone(spec)
+    with torch.no_grad():
+        prompts = bb.encode_texts_with_tokens(["a photo of *"] * len(held_out), mapper(held_out)).global_
+    hits = (torch.argmax(held_out @ prompts.T, 1) == torch.arange(len(held_out))).float().mean().item()
+    assert hits > 10 / len(held_out), hits  # chance is 1 / 128
     for protocol in ("single", "multi"):
         assert main(["features", "extract", "--backbone", spec, "--world", str(out / "world"), "--split",
                      f"val/{protocol}", "--out", str(out / "features" / f"val-{protocol}")]) == 0
@@ -49,3 +60,17 @@ def test_quickstart_tiny(tmp_path, capsys):
     assert {f"chord lambda {n} (single)" for n in plain["methods"]} <= set(chord["chosen"])
     printed = capsys.readouterr().out
     assert "| pic2word |" in printed and "Chord" in printed
+
+    # the same methods through the official-format path: the world exported as CIRR, read back by `--benchmark cirr`
+    assert main(["world", "export", "--world", str(out / "world"), "--format", "cirr", "--split", "val",
+                 "--out", str(out / "cirr")]) == 0
+    assert main(["eval", "--benchmark", "cirr", "--root", str(out / "cirr"), "--split", "val", "--checkpoint",
+                 str(out / "foco"), "--methods", "pic2word,slerp", "--pic2word", str(out / "p2w"), "--slerp-alpha",
+                 "0.4", "--cache", str(out / "cache"), "--out", str(out / "cirr.json")]) == 0
+    official = json.loads((out / "cirr.json").read_text())["parts"]["cirr"]["methods"]
+    assert main(field[:-4] + ["--split", "val", "--protocols", "single", "--methods", "pic2word,slerp",
+                              "--pic2word", str(out / "p2w"), "--slerp-alpha", "0.4", "--out", str(out / "v.json")]) == 0
+    direct = json.loads((out / "v.json").read_text())["methods"]
+    for name in ("pic2word", "slerp"):
+        for k, v in official[name].items():
+            assert abs(v - direct[name][k]) < 1e-6, (name, k, v, direct[name][k])

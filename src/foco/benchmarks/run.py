@@ -32,9 +32,25 @@ class EvalConfig:
     submission_dir: Path | None = None  # where test-split submission files go (None: not written)
     extract: ExtractConfig = field(default_factory=ExtractConfig)
     compose_batch: int = 256  # queries per method.encode call
+    pic2word: Path | None = None  # Pic2Word mapper folder (method "pic2word")
+    slerp_alpha: float = 0.5  # method "slerp" (choose it on a val split first)
 
 
-def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch_size: int = 256) -> torch.Tensor:
+def make_method(name: str, cfg: EvalConfig):
+    """The composed-query method called `name`: FoCo, the simple baselines, slerp or Pic2Word."""
+    if name == "slerp":
+        from ..methods import SlerpMethod
+        return SlerpMethod(float(cfg.slerp_alpha))
+    if name == "pic2word":
+        if cfg.pic2word is None:
+            raise ValueError("method pic2word needs --pic2word DIR (train one with `foco pic2word train`)")
+        from ..methods import Pic2WordMethod
+        return Pic2WordMethod.load(cfg.pic2word)
+    return build_method(name, cfg.checkpoint)
+
+
+def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch_size: int = 256,
+            backbone: Backbone | None = None) -> torch.Tensor:
     """(Q, D) composed queries. With several text variants per query (FashionIQ "both"), each variant is composed
     with the reference and the query is normalize(sum of the normalised variant queries)."""
     n_variants = {len(q.texts) for q in bench.queries}
@@ -44,7 +60,14 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
     text_pos = {t: i for i, t in enumerate(feats.text_ids)}
     ref_rows = torch.tensor([ref_pos[q.reference] for q in bench.queries])  # (Q,)
     per_variant = []
+    from ..methods import compose_raw, needs_backbone
     for v in range(n_variants.pop()):
+        if needs_backbone(method):  # Pic2Word: raw text through the backbone's text tower
+            if backbone is None:
+                raise ValueError(f"{type(method).__name__} encodes raw text and needs the backbone")
+            per_variant.append(compose_raw(method, feats.references.global_[ref_rows],
+                                           [q.texts[v] for q in bench.queries], backbone, batch_size))
+            continue
         text_rows = torch.tensor([text_pos[q.texts[v]] for q in bench.queries])  # (Q,)
         out = []
         for s in range(0, len(bench.queries), batch_size):
@@ -62,7 +85,7 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
 def evaluate_parts(parts: list[CIRBenchmark], backbone: Backbone, cfg: EvalConfig) -> dict:
     """Results of every method on every part, the mean over parts (when they share metrics), and the paths of
     any submission files written."""
-    methods = {name: build_method(name, cfg.checkpoint) for name in cfg.methods}
+    methods = {name: make_method(name, cfg) for name in cfg.methods}
     results: dict = {"benchmark": parts[0].name.split("/")[0], "split": parts[0].split, "backbone": backbone.spec,
                      "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
                      "options": parts[0].options, "parts": {}, "submissions": []}
@@ -75,7 +98,7 @@ def evaluate_parts(parts: list[CIRBenchmark], backbone: Backbone, cfg: EvalConfi
         entry = {"queries": len(bench.queries), "gallery": len(bench.gallery_ids()), "discarded": bench.discarded,
                  "methods": {}}
         for name, method in methods.items():
-            queries = compose(method, bench, feats, cfg.compose_batch)
+            queries = compose(method, bench, feats, cfg.compose_batch, backbone)
             rankings = rank(bench, feats.gallery_ids, feats.gallery, queries)
             entry["methods"][name] = score(bench, rankings)
             if not bench.has_targets and bench.protocol.submission and cfg.submission_dir is not None:
