@@ -28,7 +28,7 @@ def test_quickstart_tiny(tmp_path, capsys):
     # the field side by side on the same cached features: Pic2Word trained on the run's train features, slerp and
     # Chord with their parameters chosen on val
     assert main(["pic2word", "train", "--features", str(out / "features" / "train"), "--out", str(out / "p2w"),
-                 "--epochs", "1"]) == 0
+                 "--epochs", "5"]) == 0
     spec = json.loads((out / "foco" / "foco.json").read_text())["backbone"]
     # it learned its task on the trained tiny backbone: held-out image -> "a photo of *" far above chance
     import torch
