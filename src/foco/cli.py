@@ -131,8 +131,9 @@ def _pic2word_train(a: argparse.Namespace) -> int:
 
 def _world_ambiguous(a: argparse.Namespace) -> int:
     from .world.ambiguous import generate_ambiguous_split, split_name
-    out = generate_ambiguous_split(a.world, a.split, n_queries=a.queries, out=a.out)
-    print(f"ambiguous benchmark {split_name(a.split)}/single written under {a.out or a.world} ({out})")
+    summary = generate_ambiguous_split(a.world, a.split, n_queries=a.queries, out=a.out)
+    print(f"ambiguous benchmark {split_name(a.split)}/single written under {a.out or a.world}: "
+          f"{summary['queries']} queries, {summary['gallery']} gallery images, boxes as {summary['box_format']}")
     return 0
 
 
