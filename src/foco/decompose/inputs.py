@@ -12,11 +12,10 @@ A malformed row raises ManifestError naming the file and line; nothing is skippe
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..utils.io import ManifestError
+from ..utils.io import ManifestError, iter_jsonl
 from .schema import Decomposition
 
 CAPTION_COLUMNS = ("caption", "text", "alt", "title")
@@ -49,24 +48,17 @@ def read_captions(path: str | Path, split: str = "train") -> list[CaptionRecord]
 
 def _read_jsonl(path: Path) -> list[CaptionRecord]:
     out = []
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
+    for lineno, rec in iter_jsonl(path):
+        if not isinstance(rec.get("caption"), str) or not rec["caption"].strip():
+            raise ManifestError(f"{path}:{lineno}: needs a non-empty string field 'caption'")
+        truth = None
+        if "decomposition" in rec:
             try:
-                rec = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
-            if not isinstance(rec, dict) or not isinstance(rec.get("caption"), str) or not rec["caption"].strip():
-                raise ManifestError(f"{path}:{lineno}: needs a non-empty string field 'caption'")
-            truth = None
-            if "decomposition" in rec:
-                try:
-                    truth = Decomposition.from_dict(rec["decomposition"])
-                except ValueError as exc:
-                    raise ManifestError(f"{path}:{lineno}: bad decomposition: {exc}") from exc
-            rid = rec.get("id", rec.get("image", rec.get("url", lineno)))
-            out.append(CaptionRecord(str(rid), rec["caption"], truth))
+                truth = Decomposition.from_dict(rec["decomposition"])
+            except ValueError as exc:
+                raise ManifestError(f"{path}:{lineno}: bad decomposition: {exc}") from exc
+        rid = rec.get("id", rec.get("image", rec.get("url", lineno)))
+        out.append(CaptionRecord(str(rid), rec["caption"], truth))
     return out
 
 

@@ -39,12 +39,12 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
-    """Reads a JSON-lines file; every line must be an object holding the `required` keys."""
+def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
+    """(line number, object) for each non-blank line of a JSON-lines file; a line that is not a JSON object raises
+    ManifestError naming the file and line."""
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"manifest not found: {path}")
-    records = []
     with path.open(encoding="utf-8") as f:
         for lineno, line in enumerate(f, 1):
             if not line.strip():
@@ -55,10 +55,17 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict[st
                 raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
             if not isinstance(rec, dict):
                 raise ManifestError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
-            missing = [k for k in required if k not in rec]
-            if missing:
-                raise ManifestError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
-            records.append(rec)
+            yield lineno, rec
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
+    """Reads a JSON-lines file; every line must be an object holding the `required` keys."""
+    records = []
+    for lineno, rec in iter_jsonl(path):
+        missing = [k for k in required if k not in rec]
+        if missing:
+            raise ManifestError(f"{path}:{lineno}: missing field(s) {', '.join(missing)}")
+        records.append(rec)
     return records
 
 
