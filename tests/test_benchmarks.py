@@ -330,7 +330,18 @@ def _naive_order(scores, candidates):
     return sorted(candidates, key=lambda j: (-scores[j], candidates.index(j)))
 
 
-def test_scoring_matches_naive_on_random_vectors():
+def _naive_chord(q, c, r, lam):
+    """cos(q, c) + lam * cos(c - r, q - r), one pair at a time, in plain Python."""
+    dot = lambda a, b: sum(x * y for x, y in zip(a, b))  # noqa: E731
+    cr = [x - y for x, y in zip(c, r)]
+    qr = [x - y for x, y in zip(q, r)]
+    n = (dot(cr, cr) * dot(qr, qr)) ** 0.5
+    return dot(q, c) + lam * (dot(cr, qr) / n if n > 1e-12 else 0.0)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.4])
+def test_scoring_matches_naive_on_random_vectors(lam):
+    from foco.benchmarks.scoring import Chord
     g = torch.Generator().manual_seed(0)
     N, Q, D = 60, 25, 4
     gallery = torch.nn.functional.normalize(torch.randn(N, D, generator=g), dim=-1)  # ties: see the ties test
@@ -342,10 +353,15 @@ def test_scoring_matches_naive_on_random_vectors():
         members = rnd.sample(range(N), 6)
         qs.append(CIRQuery(f"q{q}", f"g{members[0]}", ("t",), [f"g{j}" for j in rnd.sample(members[1:], 1 + q % 3)],
                            subset=[f"g{m}" for m in members], gallery=[f"g{m}" for m in members[1:]]))
-    sc = (qv @ gallery.t()).tolist()
+    refs = gallery[[int(q.reference[1:]) for q in qs]]  # (Q, D)
+    if lam:
+        sc = [[_naive_chord(qv[q].tolist(), gallery[j].tolist(), refs[q].tolist(), lam) for j in range(N)]
+              for q in range(Q)]
+    else:
+        sc = (qv @ gallery.t()).tolist()
     for protocol in (CIRR, CIRCO, GENECIS):
         bench = _bench(protocol, N, qs)
-        got = score(bench, rank(bench, ids, gallery, qv))
+        got = score(bench, rank(bench, ids, gallery, qv, Chord(lam, refs) if lam else None))
         want = {}
         for k in protocol.recall_ks:
             hits = 0

@@ -74,3 +74,15 @@ def test_quickstart_tiny(tmp_path, capsys):
     for name in ("pic2word", "slerp"):
         for k, v in official[name].items():
             assert abs(v - direct[name][k]) < 1e-6, (name, k, v, direct[name][k])
+
+    # Chord through the official path equals Chord on the world benchmark directly, with the same lambda
+    assert main(["eval", "--benchmark", "cirr", "--root", str(out / "cirr"), "--split", "val", "--checkpoint",
+                 str(out / "foco"), "--methods", "foco,sum", "--chord", "0.3", "--cache", str(out / "cache"),
+                 "--out", str(out / "cirr-chord.json")]) == 0
+    official = json.loads((out / "cirr-chord.json").read_text())["parts"]["cirr"]["methods"]
+    assert main(field[:-4] + ["--split", "val", "--protocols", "single", "--methods", "foco,sum", "--chord", "0.3",
+                              "--out", str(out / "v-chord.json")]) == 0
+    direct = json.loads((out / "v-chord.json").read_text())["methods"]
+    for name in ("foco", "sum"):
+        for k, v in official[name].items():
+            assert abs(v - direct[name][k]) < 1e-6, (name, k, v, direct[name][k])

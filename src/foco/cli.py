@@ -163,8 +163,9 @@ def _eval_benchmark(a: argparse.Namespace) -> int:
     parts = read_benchmark(a.benchmark, a.root, split, **options)  # every file checked before any encoding
     cache = Path(a.cache or Path("runs") / "cache" / f"{a.benchmark}-{split}" / backbone_slug(backbone_spec))
     submissions = Path(a.submission_dir or (Path(a.out).parent if a.out else Path("runs") / "submissions"))
-    if a.chord is not None:
-        raise ValueError("--chord is available on world benchmarks (--world/--features) only, for now")
+    chord = _float_or_val(a.chord)
+    if chord == "val":
+        raise ValueError("with --benchmark, give Chord's lambda as a number (choose it on a val split first)")
     alpha = _float_or_val(a.slerp_alpha)
     if alpha == "val":
         alpha = 0.5 if "slerp" not in a.methods.split(",") else None
@@ -173,7 +174,8 @@ def _eval_benchmark(a: argparse.Namespace) -> int:
     cfg = EvalConfig(methods=tuple(a.methods.split(",")), checkpoint=Path(a.checkpoint) if a.checkpoint else None,
                      cache=cache, submission_dir=submissions,
                      extract=ExtractConfig(batch_size=a.batch_size),
-                     pic2word=Path(a.pic2word) if a.pic2word else None, slerp_alpha=float(alpha))
+                     pic2word=Path(a.pic2word) if a.pic2word else None, slerp_alpha=float(alpha),
+                     chord=float(chord or 0.0))
     results = evaluate_parts(parts, create_backbone(backbone_spec, device=a.device), cfg)
     print(results_table(results))
     print(f"\nfeatures cached in {cache}")

@@ -18,7 +18,7 @@ from ..baselines import METHODS, QueryMethod, build_method
 from ..features import ExtractConfig
 from .base import CIRBenchmark
 from .cache import PartFeatures, cache_part, load_part, part_folder
-from .scoring import rank, score
+from .scoring import Chord, rank, score
 from .submission import write_submission
 
 log = logging.getLogger(__name__)
@@ -34,6 +34,8 @@ class EvalConfig:
     compose_batch: int = 256  # queries per method.encode call
     pic2word: Path | None = None  # Pic2Word mapper folder (method "pic2word")
     slerp_alpha: float = 0.5  # method "slerp" (choose it on a val split first)
+    chord: float = 0.0  # Chord rescoring lambda for every method (0: plain cosine)
+    chord_shortlist: int | None = None  # rescore only the cosine top-N of the full gallery (None: all of it)
 
 
 def make_method(name: str, cfg: EvalConfig):
@@ -99,7 +101,12 @@ def evaluate_parts(parts: list[CIRBenchmark], backbone: Backbone, cfg: EvalConfi
                  "methods": {}}
         for name, method in methods.items():
             queries = compose(method, bench, feats, cfg.compose_batch, backbone)
-            rankings = rank(bench, feats.gallery_ids, feats.gallery, queries)
+            chord = None
+            if cfg.chord:
+                ref_pos = {r: i for i, r in enumerate(feats.reference_ids)}
+                ref_rows = torch.tensor([ref_pos[q.reference] for q in bench.queries])  # (Q,)
+                chord = Chord(cfg.chord, feats.references.global_[ref_rows].float(), cfg.chord_shortlist)
+            rankings = rank(bench, feats.gallery_ids, feats.gallery, queries, chord)
             entry["methods"][name] = score(bench, rankings)
             if not bench.has_targets and bench.protocol.submission and cfg.submission_dir is not None:
                 paths = write_submission(cfg.submission_dir, bench, rankings, name)

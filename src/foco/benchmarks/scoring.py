@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..chord import chord_scores_candidates, chord_search
 from ..index import ExactIndex
 from ..metrics import map_at_k, recall_at_k, subset_recall_at_k
 from .base import CIRBenchmark
@@ -32,29 +33,49 @@ def ranking_depth(bench: CIRBenchmark) -> int:
     return max([*p.recall_ks, *p.map_ks, SUBMISSION_DEPTH if p.submission else 1])
 
 
-def rank(bench: CIRBenchmark, gallery_ids: list[str], gallery: torch.Tensor, queries: torch.Tensor) -> Rankings:
-    """gallery: (N, D) normalised vectors of `gallery_ids`; queries: (Q, D), one per benchmark query."""
+@dataclass
+class Chord:
+    """Chord rescoring (`foco.chord`): lambda, each query's reference feature (Q, D) in the gallery's space, and an
+    optional cosine shortlist for the full-gallery ranking (None: every gallery item is rescored)."""
+
+    lam: float
+    references: torch.Tensor
+    shortlist: int | None = None
+
+
+def rank(bench: CIRBenchmark, gallery_ids: list[str], gallery: torch.Tensor, queries: torch.Tensor,
+         chord: Chord | None = None) -> Rankings:
+    """gallery: (N, D) normalised vectors of `gallery_ids`; queries: (Q, D), one per benchmark query. With
+    `chord`, every ranking (full, subset, own gallery) orders by the Chord score instead of the cosine."""
     if queries.shape[0] != len(bench.queries):
         raise ValueError(f"{queries.shape[0]} query vectors for {len(bench.queries)} queries")
     pos = {g: i for i, g in enumerate(gallery_ids)}
+
+    def order(q: int, rows: list[int]) -> list[int]:
+        if chord is None or chord.lam == 0:
+            return _order(gallery[rows] @ queries[q].float())
+        return _order(chord_scores_candidates(queries[q:q + 1], gallery[rows][None], chord.references[q:q + 1],
+                                              chord.lam)[0])
+
     if not bench.gallery:  # every query ranks its own gallery
-        own = []
-        for q, query in enumerate(bench.queries):
-            rows = [pos[g] for g in query.gallery or []]
-            own.append(_order(gallery[rows] @ queries[q].float()))
+        own = [order(q, [pos[g] for g in query.gallery or []]) for q, query in enumerate(bench.queries)]
         return Rankings(gallery_ids, None, None, own)
-    index = ExactIndex(gallery.shape[1])
-    index.add(gallery)
     exclude = None
     if bench.protocol.remove_reference:
         exclude = torch.tensor([pos[q.reference] for q in bench.queries])  # (Q,)
-    _, full = index.search(queries, ranking_depth(bench), exclude=exclude)  # (Q, K)
+    if chord is None or chord.lam == 0:
+        index = ExactIndex(gallery.shape[1])
+        index.add(gallery)
+        _, full = index.search(queries, ranking_depth(bench), exclude=exclude)  # (Q, K)
+    else:
+        _, full = chord_search(queries, gallery, chord.references, chord.lam, ranking_depth(bench),
+                               chord.shortlist, exclude=exclude)  # (Q, K)
     subset = None
     if bench.protocol.subset_ks or bench.protocol.submission == "cirr":
         subset = []
         for q, query in enumerate(bench.queries):
             cand = [pos[m] for m in query.subset if m != query.reference]
-            subset.append([cand[i] for i in _order(gallery[cand] @ queries[q].float())])  # only the subset
+            subset.append([cand[i] for i in order(q, cand)])  # only the subset
     return Rankings(gallery_ids, full, subset, None)
 
 
