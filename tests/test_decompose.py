@@ -299,3 +299,23 @@ def test_world_decompose_cli_and_training_inputs(tiny_world, tmp_path):
     plain = tmp_path / "plain.tsv"
     plain.write_text("a dog\tx/1.jpg\n")
     assert main(["decompose", "--in", str(plain), "--out", str(store), "--decomposer", "oracle"]) == 2
+
+
+def test_modification_anchors_pick_the_first_local_phrase(rule):
+    from foco.decompose.modification import modification_anchors
+    texts = ["change the yellow square into a cross", "make it bigger", "change the yellow square into a cross"]
+    assert modification_anchors(texts, rule) == ["the yellow square", "make it bigger", "the yellow square"]
+
+
+def test_encoder_anchor_defaults_to_the_modification():
+    import torch
+
+    from foco.backbones.base import ImageFeatures, TextFeatures
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    torch.manual_seed(0)
+    model = ComposedQueryEncoder(FoCoConfig(dim=16)).eval()
+    ref = ImageFeatures(torch.randn(3, 16), torch.randn(3, 4, 16))
+    mod = TextFeatures(torch.randn(3, 16), torch.randn(3, 5, 16), torch.ones(3, 5, dtype=torch.bool))
+    plain = model.encode(ref, mod).query
+    torch.testing.assert_close(model.encode(ref, mod, anchor=mod.global_).query, plain)
+    assert not torch.allclose(model.encode(ref, mod, anchor=torch.randn(3, 16)).query, plain)

@@ -86,3 +86,9 @@ def test_quickstart_tiny(tmp_path, capsys):
     for name in ("foco", "sum"):
         for k, v in official[name].items():
             assert abs(v - direct[name][k]) < 1e-6, (name, k, v, direct[name][k])
+
+    # the paper's optional inference variant: T_m decomposed (rule), its first local phrase as F_Aggr's anchor
+    assert main(field[:-4] + ["--methods", "foco,foco+rule", "--out", str(out / "dtm.json")]) == 0
+    dtm = json.loads((out / "dtm.json").read_text())["methods"]
+    assert dtm["foco"] == res["methods"]["foco"]
+    assert set(dtm["foco+rule"]) == set(res["methods"]["foco"])  # that the anchor is used: test_decompose.py

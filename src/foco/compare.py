@@ -19,6 +19,7 @@ from .baselines import METHODS, build_method
 from .evaluate import BenchmarkFeatures, compose_queries, load_benchmark_features, score_queries
 
 FIELD = ("foco", "pic2word", "slerp", *[m for m in METHODS if m != "foco"])
+DECOMPOSED = ("foco+rule", "foco+llm")  # FoCo with T_m decomposed at inference (paper §3.4, optional)
 
 
 @dataclass
@@ -42,17 +43,19 @@ def _queries(name: str, method, bf: BenchmarkFeatures, backbone) -> torch.Tensor
 def compare_methods(world: str | Path, split: str, features: str | Path, names: list[str], opts: MethodOptions,
                     protocols: tuple[str, ...] = ("single", "multi")) -> dict:
     from .methods import Pic2WordMethod, SlerpMethod, choose_alpha
-    unknown = [n for n in names if n not in FIELD]
+    unknown = [n for n in names if n not in FIELD + DECOMPOSED]
     if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(FIELD)}")
+        raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(FIELD + DECOMPOSED)}")
     features = Path(features)
     backbone = None
-    if "pic2word" in names:
-        if opts.pic2word is None:
-            raise ValueError("method pic2word needs --pic2word DIR (train one with `foco pic2word train`)")
+    if "pic2word" in names and opts.pic2word is None:
+        raise ValueError("method pic2word needs --pic2word DIR (train one with `foco pic2word train`)")
+    raw = [n for n in names if n == "pic2word" or n in DECOMPOSED]
+    if raw:
         from .backbones import create_backbone
         if not opts.backbone:
-            raise ValueError("method pic2word needs --backbone (or a FoCo checkpoint that records it)")
+            raise ValueError(f"method(s) {raw} encode raw text and need --backbone (or a FoCo checkpoint that "
+                             "records it)")
         backbone = create_backbone(opts.backbone)
     results: dict = {"benchmark": f"world/{split}", "protocols": {}, "methods": {}, "chosen": {}}
     for protocol in protocols:
@@ -79,6 +82,11 @@ def compare_methods(world: str | Path, split: str, features: str | Path, names: 
                 method = SlerpMethod(float(alpha))
             elif name == "pic2word":
                 method = Pic2WordMethod.load(opts.pic2word)
+            elif name in DECOMPOSED:
+                q = _decomposed_queries(name.split("+", 1)[1], opts.checkpoint, bf, backbone)
+                row = results["methods"].setdefault(name, {})
+                row.update(score_queries(q, bf) if opts.chord is None else _chord(q, bf, opts.chord))
+                continue
             else:
                 method = build_method(name, opts.checkpoint if name == "foco" else None)
             q = _queries(name, method, bf, backbone)
@@ -93,3 +101,40 @@ def compare_methods(world: str | Path, split: str, features: str | Path, names: 
                 results["chosen"][f"chord lambda {name} ({protocol})"] = lam
             row.update(score_queries_chord(q, bf, float(lam)))
     return results
+
+
+def _chord(q: torch.Tensor, bf: BenchmarkFeatures, lam) -> dict[str, float]:
+    from .chord import score_queries_chord
+    if lam == "val":
+        raise ValueError("Chord with lambda chosen on val is not offered for the decomposed-T_m variants; "
+                         "give a number")
+    return score_queries_chord(q, bf, float(lam))
+
+
+def _decomposed_queries(decomposer_name: str, checkpoint, bf: BenchmarkFeatures, backbone,
+                        batch_size: int = 256) -> torch.Tensor:
+    """FoCo with T_m's first local phrase as F_Aggr's anchor and T_m as F_Comp's context: (Q, D)."""
+    from .backbones.base import ImageFeatures, TextFeatures
+    from .decompose import build_decomposer
+    from .decompose.modification import modification_anchors
+    from .model import ComposedQueryEncoder
+    if checkpoint is None:
+        raise ValueError("FoCo needs --checkpoint")
+    model = ComposedQueryEncoder.load(checkpoint).eval()
+    decomposer = build_decomposer(decomposer_name)
+    try:
+        anchors = modification_anchors(bf.bench.modifications, decomposer)
+    finally:
+        if hasattr(decomposer, "close"):
+            decomposer.close()
+    out = []
+    with torch.inference_mode():
+        anchor_global = backbone.encode_texts(anchors).global_.float()  # (Q, D)
+        for s in range(0, len(anchors), batch_size):
+            r = bf.ref_index[s:s + batch_size]
+            ref = ImageFeatures(bf.gallery.global_[r], bf.gallery.patches[r])
+            mod = TextFeatures(bf.texts.global_[s:s + batch_size], bf.texts.tokens[s:s + batch_size],
+                               bf.texts.mask[s:s + batch_size])
+            out.append(model.encode(ref, mod, anchor=anchor_global[s:s + batch_size]).query.float())
+    return torch.cat(out)
+

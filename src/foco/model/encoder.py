@@ -55,9 +55,13 @@ class ComposedQueryEncoder(nn.Module):
         self.bias_comp = nn.Parameter(torch.tensor(b0), requires_grad=cfg.learn_bias)
 
     def encode(self, reference: ImageFeatures, modification: TextFeatures,
-               attn_bias: torch.Tensor | None = None) -> ComposedQuery:
-        """B reference images and B modification texts -> B composed queries (pairwise, not a grid)."""
-        v_loc, background, attn = self.aggr(modification.global_[:, None, :], reference.global_,
+               attn_bias: torch.Tensor | None = None, anchor: torch.Tensor | None = None) -> ComposedQuery:
+        """B reference images and B modification texts -> B composed queries (pairwise, not a grid).
+
+        `anchor` (B, D), optional: the global feature of a separate anchor text c for F_Aggr (the paper's optional
+        decomposition of T_m, §3.4); by default T_m is both the anchor and the context."""
+        c = modification.global_ if anchor is None else anchor.to(modification.global_.dtype)  # (B, D)
+        v_loc, background, attn = self.aggr(c[:, None, :], reference.global_,
                                             reference.patches, attn_bias=attn_bias)  # (B, 1, D), (B, 1, D), (B, 1, P)
         h = self.comp(v_loc, background, modification.tokens, modification.mask)  # (B, 1, D)
         return ComposedQuery(h[:, 0], attn[:, 0], v_loc[:, 0])
