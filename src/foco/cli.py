@@ -89,12 +89,8 @@ def _eval(a: argparse.Namespace) -> int:
         raise ValueError("foco eval needs --benchmark NAME --root PATH, or --world WORLD --features DIR")
     from .compare import MethodOptions, compare_methods
     from .quickstart import results_table
-    from .utils.io import read_json
     split = a.split or "test"
-    backbone = a.backbone
-    if backbone is None and a.checkpoint:
-        backbone = read_json(Path(a.checkpoint) / "foco.json").get("backbone")
-    opts = MethodOptions(checkpoint=a.checkpoint, pic2word=a.pic2word, backbone=backbone,
+    opts = MethodOptions(checkpoint=a.checkpoint, pic2word=a.pic2word, backbone=_backbone_spec(a),
                          slerp_alpha=_float_or_val(a.slerp_alpha), chord=_float_or_val(a.chord))
     results = compare_methods(a.world, split, a.features, a.methods.split(","), opts, tuple(a.protocols.split(",")))
     print(results_table(results))
@@ -105,6 +101,14 @@ def _eval(a: argparse.Namespace) -> int:
     if a.out:
         Path(a.out).write_text(json.dumps(results, indent=2) + "\n")
     return 0
+
+
+def _backbone_spec(a: argparse.Namespace) -> str | None:
+    """--backbone, else the backbone a FoCo checkpoint records (foco.json)."""
+    if a.backbone is None and a.checkpoint:
+        from .utils.io import read_json
+        return read_json(Path(a.checkpoint) / "foco.json").get("backbone")
+    return a.backbone
 
 
 def _float_or_val(v: str | None) -> float | str | None:
@@ -144,13 +148,11 @@ def _eval_benchmark(a: argparse.Namespace) -> int:
     from .benchmarks.cache import backbone_slug
     from .benchmarks.run import EvalConfig, evaluate_parts, results_table
     from .features import ExtractConfig
-    from .utils.io import atomic_write_text, read_json
+    from .utils.io import atomic_write_text
     if not a.root:
         raise ValueError("--benchmark needs --root, the dataset folder in its official layout")
     split = a.split or "val"
-    backbone_spec = a.backbone
-    if backbone_spec is None and a.checkpoint:  # a FoCo checkpoint records the backbone it was trained on
-        backbone_spec = read_json(Path(a.checkpoint) / "foco.json").get("backbone")
+    backbone_spec = _backbone_spec(a)
     if not backbone_spec:
         raise ValueError("--benchmark needs --backbone (e.g. world:runs/quickstart/backbone or hf:PATH)")
     options: dict = {}
@@ -167,14 +169,13 @@ def _eval_benchmark(a: argparse.Namespace) -> int:
     if chord == "val":
         raise ValueError("with --benchmark, give Chord's lambda as a number (choose it on a val split first)")
     alpha = _float_or_val(a.slerp_alpha)
-    if alpha == "val":
-        alpha = 0.5 if "slerp" not in a.methods.split(",") else None
-    if alpha is None:
+    if alpha == "val" and "slerp" in a.methods.split(","):
         raise ValueError("with --benchmark, give slerp's alpha as a number (choose it on the val split first)")
     cfg = EvalConfig(methods=tuple(a.methods.split(",")), checkpoint=Path(a.checkpoint) if a.checkpoint else None,
                      cache=cache, submission_dir=submissions,
                      extract=ExtractConfig(batch_size=a.batch_size),
-                     pic2word=Path(a.pic2word) if a.pic2word else None, slerp_alpha=float(alpha),
+                     pic2word=Path(a.pic2word) if a.pic2word else None,
+                     slerp_alpha=0.5 if alpha == "val" else float(alpha),
                      chord=float(chord or 0.0))
     results = evaluate_parts(parts, create_backbone(backbone_spec, device=a.device), cfg)
     print(results_table(results))

@@ -32,24 +32,34 @@ class MethodOptions:
 
 
 def _queries(name: str, method, bf: BenchmarkFeatures, backbone) -> torch.Tensor:
+    """(Q, D) queries of method `name` on `bf`: cached features, raw text through the backbone (Pic2Word), or FoCo
+    with T_m decomposed at inference (F_Aggr's anchor = T_m's first local phrase, encoded by the backbone)."""
     from .methods import compose_raw_queries, needs_backbone
+    if name in DECOMPOSED:
+        from .decompose import build_decomposer
+        from .decompose.modification import modification_anchors
+        decomposer = build_decomposer(name.split("+", 1)[1])
+        try:
+            anchors = modification_anchors(bf.bench.modifications, decomposer)
+        finally:
+            if hasattr(decomposer, "close"):
+                decomposer.close()
+        with torch.inference_mode():
+            anchor_global = backbone.encode_texts(anchors).global_.float()  # (Q, D)
+        return compose_queries(method, bf, anchors=anchor_global)
     if needs_backbone(method):
-        if backbone is None:
-            raise ValueError(f"method {name} encodes raw text and needs --backbone")
         return compose_raw_queries(method, bf, backbone)
     return compose_queries(method, bf)
 
 
 def compare_methods(world: str | Path, split: str, features: str | Path, names: list[str], opts: MethodOptions,
                     protocols: tuple[str, ...] = ("single", "multi")) -> dict:
-    from .methods import Pic2WordMethod, SlerpMethod, choose_alpha
+    from .methods import choose_alpha
     unknown = [n for n in names if n not in FIELD + DECOMPOSED]
     if unknown:
         raise ValueError(f"unknown method(s) {unknown}; choose from {', '.join(FIELD + DECOMPOSED)}")
     features = Path(features)
     backbone = None
-    if "pic2word" in names and opts.pic2word is None:
-        raise ValueError("method pic2word needs --pic2word DIR (train one with `foco pic2word train`)")
     raw = [n for n in names if n == "pic2word" or n in DECOMPOSED]
     if raw:
         from .backbones import create_backbone
@@ -74,21 +84,12 @@ def compare_methods(world: str | Path, split: str, features: str | Path, names: 
             return val
 
         for name in names:
-            if name == "slerp":
-                alpha = opts.slerp_alpha
-                if alpha == "val":
-                    alpha, _ = choose_alpha(val_bf())
-                    results["chosen"][f"slerp alpha ({protocol})"] = alpha
-                method = SlerpMethod(float(alpha))
-            elif name == "pic2word":
-                method = Pic2WordMethod.load(opts.pic2word)
-            elif name in DECOMPOSED:
-                q = _decomposed_queries(name.split("+", 1)[1], opts.checkpoint, bf, backbone)
-                row = results["methods"].setdefault(name, {})
-                row.update(score_queries(q, bf) if opts.chord is None else _chord(q, bf, opts.chord))
-                continue
-            else:
-                method = build_method(name, opts.checkpoint if name == "foco" else None)
+            alpha = opts.slerp_alpha
+            if name == "slerp" and alpha == "val":
+                alpha, _ = choose_alpha(val_bf())
+                results["chosen"][f"slerp alpha ({protocol})"] = alpha
+            method = build_method("foco" if name in DECOMPOSED else name, opts.checkpoint, pic2word=opts.pic2word,
+                                  slerp_alpha=0.5 if alpha == "val" else float(alpha))
             q = _queries(name, method, bf, backbone)
             row = results["methods"].setdefault(name, {})
             if opts.chord is None:
@@ -101,40 +102,3 @@ def compare_methods(world: str | Path, split: str, features: str | Path, names: 
                 results["chosen"][f"chord lambda {name} ({protocol})"] = lam
             row.update(score_queries_chord(q, bf, float(lam)))
     return results
-
-
-def _chord(q: torch.Tensor, bf: BenchmarkFeatures, lam) -> dict[str, float]:
-    from .chord import score_queries_chord
-    if lam == "val":
-        raise ValueError("Chord with lambda chosen on val is not offered for the decomposed-T_m variants; "
-                         "give a number")
-    return score_queries_chord(q, bf, float(lam))
-
-
-def _decomposed_queries(decomposer_name: str, checkpoint, bf: BenchmarkFeatures, backbone,
-                        batch_size: int = 256) -> torch.Tensor:
-    """FoCo with T_m's first local phrase as F_Aggr's anchor and T_m as F_Comp's context: (Q, D)."""
-    from .backbones.base import ImageFeatures, TextFeatures
-    from .decompose import build_decomposer
-    from .decompose.modification import modification_anchors
-    from .model import ComposedQueryEncoder
-    if checkpoint is None:
-        raise ValueError("FoCo needs --checkpoint")
-    model = ComposedQueryEncoder.load(checkpoint).eval()
-    decomposer = build_decomposer(decomposer_name)
-    try:
-        anchors = modification_anchors(bf.bench.modifications, decomposer)
-    finally:
-        if hasattr(decomposer, "close"):
-            decomposer.close()
-    out = []
-    with torch.inference_mode():
-        anchor_global = backbone.encode_texts(anchors).global_.float()  # (Q, D)
-        for s in range(0, len(anchors), batch_size):
-            r = bf.ref_index[s:s + batch_size]
-            ref = ImageFeatures(bf.gallery.global_[r], bf.gallery.patches[r])
-            mod = TextFeatures(bf.texts.global_[s:s + batch_size], bf.texts.tokens[s:s + batch_size],
-                               bf.texts.mask[s:s + batch_size])
-            out.append(model.encode(ref, mod, anchor=anchor_global[s:s + batch_size]).query.float())
-    return torch.cat(out)
-

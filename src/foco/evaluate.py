@@ -57,8 +57,10 @@ def load_benchmark_features(world: str | Path, split: str, protocol: str, cache:
         subset_index=[[gi[s] for s in ss] for ss in bench.subsets])
 
 
-def compose_queries(method: QueryMethod, bf: BenchmarkFeatures, batch_size: int = 256) -> torch.Tensor:
-    """(Q, D) normalised composed queries, one per benchmark query."""
+def compose_queries(method: QueryMethod, bf: BenchmarkFeatures, batch_size: int = 256,
+                    anchors: torch.Tensor | None = None) -> torch.Tensor:
+    """(Q, D) normalised composed queries, one per benchmark query. `anchors` (Q, D), for FoCo only: a separate
+    anchor text per query (T_m decomposed at inference)."""
     out = []
     for s in range(0, len(bf.ref_index), batch_size):
         r = bf.ref_index[s:s + batch_size]
@@ -66,7 +68,10 @@ def compose_queries(method: QueryMethod, bf: BenchmarkFeatures, batch_size: int 
         mod = TextFeatures(bf.texts.global_[s:s + batch_size], bf.texts.tokens[s:s + batch_size],
                            bf.texts.mask[s:s + batch_size])
         with torch.inference_mode():
-            out.append(method.encode(ref, mod).query.float())
+            if anchors is None:
+                out.append(method.encode(ref, mod).query.float())
+            else:
+                out.append(method.encode(ref, mod, anchor=anchors[s:s + batch_size]).query.float())
     return torch.cat(out)
 
 

@@ -38,19 +38,6 @@ class EvalConfig:
     chord_shortlist: int | None = None  # rescore only the cosine top-N of the full gallery (None: all of it)
 
 
-def make_method(name: str, cfg: EvalConfig):
-    """The composed-query method called `name`: FoCo, the simple baselines, slerp or Pic2Word."""
-    if name == "slerp":
-        from ..methods import SlerpMethod
-        return SlerpMethod(float(cfg.slerp_alpha))
-    if name == "pic2word":
-        if cfg.pic2word is None:
-            raise ValueError("method pic2word needs --pic2word DIR (train one with `foco pic2word train`)")
-        from ..methods import Pic2WordMethod
-        return Pic2WordMethod.load(cfg.pic2word)
-    return build_method(name, cfg.checkpoint)
-
-
 def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch_size: int = 256,
             backbone: Backbone | None = None) -> torch.Tensor:
     """(Q, D) composed queries. With several text variants per query (FashionIQ "both"), each variant is composed
@@ -87,7 +74,8 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
 def evaluate_parts(parts: list[CIRBenchmark], backbone: Backbone, cfg: EvalConfig) -> dict:
     """Results of every method on every part, the mean over parts (when they share metrics), and the paths of
     any submission files written."""
-    methods = {name: make_method(name, cfg) for name in cfg.methods}
+    methods = {name: build_method(name, cfg.checkpoint, pic2word=cfg.pic2word, slerp_alpha=cfg.slerp_alpha)
+               for name in cfg.methods}
     results: dict = {"benchmark": parts[0].name.split("/")[0], "split": parts[0].split, "backbone": backbone.spec,
                      "checkpoint": str(cfg.checkpoint) if cfg.checkpoint else None,
                      "options": parts[0].options, "parts": {}, "submissions": []}
