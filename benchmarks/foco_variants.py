@@ -37,7 +37,12 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=None, help="train on the first N pairs only")
     ap.add_argument("--local-context-prob", type=float, default=0.0,
                     help="exploratory: replace this fraction of contextual captions by their local caption")
+    ap.add_argument("--background-dropout", type=float, default=0.0,
+                    help="exploratory: during training, zero F_Comp's background input with this probability per "
+                         "query, so that the contextual caption must supply the rest of the scene")
     a = ap.parse_args()
+    if a.background_dropout > 0:
+        _drop_background_in_training(a.background_dropout)
     kw = json.loads(a.config)
     cfg = FoCoTrainConfig(**{k: v for k, v in kw.items() if k != "model"}, model=FoCoConfig(**kw.get("model", {})))
     feats = Path(a.features)
@@ -52,7 +57,8 @@ def main() -> None:
         table.context_idx = torch.where(swap, table.local_idx, table.context_idx)
     t = time.time()
     train_foco(table, a.out, cfg)
-    res = {"config": kw, "local_context_prob": a.local_context_prob, "pairs": len(table), "train_s": round(time.time() - t, 1), "val": {}}
+    res = {"config": kw, "local_context_prob": a.local_context_prob, "background_dropout": a.background_dropout,
+           "pairs": len(table), "train_s": round(time.time() - t, 1), "val": {}}
     for proto in ("single", "multi"):
         bf = load_benchmark_features(a.world, "val", proto, feats / f"val-{proto}")
         for name in ("foco", "image", "text", "sum"):
@@ -62,6 +68,21 @@ def main() -> None:
             if proto == "single":
                 m["R@1_by_edit_type"] = {k: round(v, 1) for k, v in recall_by_edit_type(q, bf).items()}
     print(json.dumps(res, indent=1))
+
+
+def _drop_background_in_training(p: float) -> None:
+    """Wraps F_Comp's forward for this process: in training mode, each query's background is zeroed with
+    probability p. Evaluation is untouched."""
+    from foco.model.comp import FComp
+    forward = FComp.forward
+
+    def dropped(self, v_loc, background, ctx_tokens, ctx_mask):
+        if self.training:
+            keep = (torch.rand(background.shape[:2]) >= p).to(background.dtype)[..., None]  # (T, N, 1)
+            background = background * keep
+        return forward(self, v_loc, background, ctx_tokens, ctx_mask)
+
+    FComp.forward = dropped
 
 
 if __name__ == "__main__":
