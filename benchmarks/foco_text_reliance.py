@@ -8,8 +8,8 @@ ignored), and the cosines of the query to the reference and to the target.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -22,8 +22,7 @@ from foco.evaluate import compose_queries, load_benchmark_features
 def reliance(method, bf, seed: int = 0) -> dict[str, float]:
     q = compose_queries(method, bf)  # (Q, D)
     perm = torch.randperm(len(q), generator=torch.Generator().manual_seed(seed))
-    shuffled = copy.copy(bf)
-    shuffled.texts = TextFeatures(bf.texts.global_[perm], bf.texts.tokens[perm], bf.texts.mask[perm])
+    shuffled = replace(bf, texts=TextFeatures(bf.texts.global_[perm], bf.texts.tokens[perm], bf.texts.mask[perm]))
     q2 = compose_queries(method, shuffled)  # (Q, D), same references, other texts
     ref = bf.gallery.global_[bf.ref_index]  # (Q, D)
     tgt = bf.gallery.global_[torch.tensor([t[0] for t in bf.target_index])]  # (Q, D)

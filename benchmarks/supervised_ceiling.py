@@ -88,6 +88,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(a.seed)
     t0 = time.time()
+    backbone = create_backbone(a.backbone)  # encodes the triplets (unless cached) and the oracle captions
     cache = out / f"triplets-{a.n}-{a.seed}.safetensors"
     if cache.exists():
         t = load_file(str(cache))
@@ -95,7 +96,7 @@ def main() -> None:
         txt = TextFeatures(t["text_global"], t["text_tokens"], t["text_mask"])
     else:
         triplets = make_triplets(a.n, world_layouts(Path(a.world)), a.seed)
-        ref, tgt, txt = encode(create_backbone(a.backbone), triplets)
+        ref, tgt, txt = encode(backbone, triplets)
         save_file({"ref_global": ref.global_, "ref_patches": ref.patches, "target_global": tgt,
                    "text_global": txt.global_, "text_tokens": txt.tokens, "text_mask": txt.mask}, str(cache))
     print(f"triplets ready in {time.time() - t0:.0f} s", flush=True)
@@ -105,6 +106,7 @@ def main() -> None:
     steps = a.epochs * (n // B)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, a.lr, total_steps=steps, pct_start=0.05)
     g = torch.Generator().manual_seed(a.seed)
+    labels = 2 * torch.eye(B) - 1  # (B, B): +1 for each query's own target, -1 for the batch's other targets
     model.train()
     for epoch in range(a.epochs):
         perm, tot = torch.randperm(n, generator=g), 0.0
@@ -113,7 +115,6 @@ def main() -> None:
             q = model.encode(ImageFeatures(ref.global_[i], ref.patches[i]),
                              TextFeatures(txt.global_[i], txt.tokens[i], txt.mask[i])).query  # (B, D)
             logits = model.log_scale_comp.exp().clamp(max=100) * q @ tgt[i].T + model.bias_comp  # (B, B)
-            labels = 2 * torch.eye(B) - 1
             loss = -F.logsigmoid(labels * logits).sum(1).mean()
             opt.zero_grad()
             loss.backward()
@@ -124,7 +125,6 @@ def main() -> None:
         print(f"epoch {epoch + 1}: loss {tot / (n // B):.3f} ({time.time() - t0:.0f} s)", flush=True)
     model.eval()
     model.save(out)
-    backbone = None
     res = {"triplets": n, "epochs": a.epochs, "train_s": round(time.time() - t0, 1)}
     for split in ("val", "test"):
         for proto in ("single", "multi"):
@@ -133,7 +133,6 @@ def main() -> None:
             if a.foco:
                 rows["foco (zero-shot)"] = compose_queries(build_method("foco", a.foco), bf)
             rows["supervised ceiling"] = compose_queries(model, bf)
-            backbone = backbone or create_backbone(a.backbone)
             rows["target caption (oracle)"] = target_caption_queries(backbone, Path(a.world), split, proto, bf)
             for name, qv in rows.items():
                 r = res.setdefault(split, {}).setdefault(name, {})
