@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from foco import create_backbone
-from foco.backbones.train_world import BackboneTrainConfig, train_world_backbone
+from foco.train.world_backbone import BackboneTrainConfig, train_world_backbone
 from foco.backbones.world import WorldBackboneConfig, WorldCLIP, save_world_checkpoint
 from foco.utils.io import load_image
 from foco.world import load_pairs

@@ -14,8 +14,8 @@ from foco.benchmarks.cirr import PROTOCOL as CIRR
 from foco.benchmarks.circo import PROTOCOL as CIRCO
 from foco.benchmarks.genecis import PROTOCOL as GENECIS
 from foco.benchmarks.genecis import modal_gallery_length
-from foco.benchmarks.scoring import rank, score
-from foco.benchmarks.submission import SubmissionError, write_circo, write_cirr
+from foco.eval.rank import rank, score
+from foco.eval.submission import SubmissionError, write_circo, write_cirr
 from foco.cli import main
 from foco.utils.io import ImageLoadError, ManifestError
 
@@ -68,21 +68,18 @@ def _eval(models, bench, root, out, *extra):
 
 
 def _world_rows(tiny_world, models, direct):
-    """Legacy world features and each method's composed queries on val/single."""
-    from foco.baselines import build_method
-    from foco.evaluate import compose_queries, load_benchmark_features
-    bf = load_benchmark_features(tiny_world, "val", "single", direct["features"] / "val-single")
-    queries = {m: compose_queries(build_method(m, models["checkpoint"]), bf) for m in METHODS.split(",")}
-    return bf, queries
+    """World val/single from the `foco features extract` caches, and each method's composed queries."""
+    from foco.benchmarks.world import load_world_part
+    from foco.eval.compose import compose
+    from foco.methods import build_method
+    bench, feats = load_world_part(tiny_world, "val", "single", direct["features"] / "val-single")
+    queries = {m: compose(build_method(m, models["checkpoint"]), bench, feats).query for m in METHODS.split(",")}
+    return bench, feats, queries
 
 
-def _restrict(bf, rows):
-    from foco.backbones.base import TextFeatures
-    from foco.evaluate import BenchmarkFeatures
-    r = torch.tensor(rows)
-    return BenchmarkFeatures(bf.bench, bf.gallery, bf.ref_index[r],
-                             TextFeatures(bf.texts.global_[r], bf.texts.tokens[r], bf.texts.mask[r]),
-                             [bf.target_index[i] for i in rows], [bf.subset_index[i] for i in rows])
+def _restrict(bench, rows):
+    from dataclasses import replace
+    return replace(bench, queries=[bench.queries[i] for i in rows])
 
 
 # ---------------------------------------------------------------- readers on world exports == the world itself
@@ -118,20 +115,21 @@ def test_world_through_benchmark_path_equals_legacy_eval(tiny_world, models, dir
 def test_genecis_export_equals_world_subset_recall(tiny_world, models, direct, tmp_path):
     """GeneCIS R@K of a task == the world's Rs@K (CIRR subset recall: subset minus reference = [target] + the 4
     hard negatives) over the world queries exported into that task."""
-    from foco.evaluate import score_queries
+    from foco.eval.rank import score_queries
     summary = _export(tiny_world, "genecis", "val", tmp_path / "g")
     item = json.loads((tmp_path / "g" / "genecis" / "change_attribute.json").read_text())[0]["reference"]
     assert item["instance_bbox"][:2] == [0, 0]
     assert (tmp_path / "g" / "VG_100K_all" / f"{item['image_id']}.png").is_file()
     res = _eval(models, "genecis", tmp_path / "g", tmp_path)
-    bf, queries = _world_rows(tiny_world, models, direct)
-    row_of = {q: i for i, q in enumerate(bf.bench.query_ids)}
+    bench, feats, queries = _world_rows(tiny_world, models, direct)
+    row_of = {q.id: i for i, q in enumerate(bench.queries)}
     for part, entry in res["parts"].items():
         task = part.split("/")[1]
         rows = [row_of[w] for k, w in summary["query_ids"].items() if k.rsplit("-", 1)[0] == task]
         assert entry["queries"] == len(rows) > 0 and entry["discarded"] == 0
         for m, got in entry["methods"].items():
-            want = score_queries(queries[m][torch.tensor(rows)], _restrict(bf, rows))
+            want = score_queries(queries[m][torch.tensor(rows)], _restrict(bench, rows), feats.gallery_ids,
+                                 feats.gallery)
             assert got == {f"R@{k}": want[f"Rs@{k}"] for k in (1, 2, 3)}, (part, m)
     n = {p: e["queries"] for p, e in res["parts"].items()}
     for m in METHODS.split(","):  # query-weighted mean over tasks == the world's Rs@1 over all queries
@@ -142,8 +140,8 @@ def test_genecis_export_equals_world_subset_recall(tiny_world, models, direct, t
 def test_fashioniq_single_join_equals_direct_evaluation(tiny_world, models, direct, tmp_path):
     """Join "single": per category R@10/R@50 == the world's single gallery, reference kept, texts "{c1} and {c2}"."""
     from foco.backbones import create_backbone
-    from foco.backbones.base import TextFeatures
-    from foco.evaluate import compose_queries
+    from dataclasses import replace
+    from foco.eval.compose import compose
     from foco.features import FeatureCache, extract_texts
     from foco.index import ExactIndex
     from foco.metrics import recall_at_k
@@ -151,27 +149,29 @@ def test_fashioniq_single_join_equals_direct_evaluation(tiny_world, models, dire
     res = _eval(models, "fashioniq", tmp_path / "f", tmp_path, "--fashioniq-join", "single")
     assert set(res["parts"]) == {"fashioniq/dress", "fashioniq/shirt", "fashioniq/toptee"}
 
-    bf, _ = _world_rows(tiny_world, models, direct)
-    row_of = {q: i for i, q in enumerate(bf.bench.query_ids)}
+    bench, feats, _ = _world_rows(tiny_world, models, direct)
+    row_of = {q.id: i for i, q in enumerate(bench.queries)}
     joined = {}
     for cat in ("dress", "shirt", "toptee"):
         entries = json.loads((tmp_path / "f" / "captions" / f"cap.{cat}.val.json").read_text())
         for i, e in enumerate(entries):
             joined[summary["query_ids"][f"{cat}-{i}"]] = (cat, f"{e['captions'][0]} and {e['captions'][1]}")
-    texts = [joined[q][1] for q in bf.bench.query_ids]
+    texts = [joined[q.id][1] for q in bench.queries]
     extract_texts(create_backbone(models["backbone"]), [(t, t) for t in dict.fromkeys(texts)], tmp_path / "t")
     tids, tf = FeatureCache(tmp_path / "t").texts()
-    pos = {t: i for i, t in enumerate(tids)}
-    r = torch.tensor([pos[t] for t in texts])
-    bf.texts = TextFeatures(tf.global_[r], tf.tokens[r], tf.mask[r])
-    index = ExactIndex(bf.gallery.global_.shape[1])
-    index.add(bf.gallery.global_)
-    from foco.baselines import build_method
+    bench = replace(bench, queries=[replace(q, texts=(t,)) for q, t in zip(bench.queries, texts)])
+    feats = replace(feats, text_ids=tids, texts=tf)
+    pos = {g: i for i, g in enumerate(feats.gallery_ids)}
+    target_index = [[pos[t] for t in q.targets] for q in bench.queries]
+    index = ExactIndex(feats.gallery.shape[1])
+    index.add(feats.gallery)
+    from foco.methods import build_method
     for m in METHODS.split(","):
-        _, ranking = index.search(compose_queries(build_method(m, models["checkpoint"]), bf), 50)  # reference kept
+        queries = compose(build_method(m, models["checkpoint"]), bench, feats).query
+        _, ranking = index.search(queries, 50)  # reference kept
         for cat in ("dress", "shirt", "toptee"):
             rows = [row_of[q] for q, (c, _) in joined.items() if c == cat]
-            want = {f"R@{k}": recall_at_k(ranking[rows], [bf.target_index[i] for i in rows], k) for k in (10, 50)}
+            want = {f"R@{k}": recall_at_k(ranking[rows], [target_index[i] for i in rows], k) for k in (10, 50)}
             assert res["parts"][f"fashioniq/{cat}"]["methods"][m] == want, (cat, m)
     means = res["mean"]["sum"]
     assert means["R@10"] == pytest.approx(sum(res["parts"][p]["methods"]["sum"]["R@10"] for p in res["parts"]) / 3)
@@ -341,7 +341,7 @@ def _naive_chord(q, c, r, lam):
 
 @pytest.mark.parametrize("lam", [0.0, 0.4])
 def test_scoring_matches_naive_on_random_vectors(lam):
-    from foco.benchmarks.scoring import Chord
+    from foco.eval.rank import Chord
     g = torch.Generator().manual_seed(0)
     N, Q, D = 60, 25, 4
     gallery = torch.nn.functional.normalize(torch.randn(N, D, generator=g), dim=-1)  # ties: see the ties test

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from foco.baselines import build_method
-from foco.evaluate import load_benchmark_features
+from foco.benchmarks.world import load_world_part
+from foco.methods import build_method
 from foco.features import ExtractConfig
 from foco.world.edits import apply_edit
 from foco.world.scene import Scene
@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, ROOT / "experiments" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -68,12 +68,12 @@ def test_triplets_use_fresh_scenes_and_the_benchmark_edits(mini_world):  # noqa:
 
 def test_text_reliance_of_image_only_and_sum(mini_world, features):  # noqa: F811
     reliance = _script("foco_text_reliance").reliance
-    bf = load_benchmark_features(mini_world, "val", "single", features / "val-single")
-    image = reliance(build_method("image", None), bf)
+    bench, feats = load_world_part(mini_world, "val", "single", features / "val-single")
+    image = reliance(build_method("image", None), bench, feats)
     assert image["cos(query, query with another text)"] == pytest.approx(1.0, abs=1e-5)
     assert image["cos(query, reference)"] == pytest.approx(1.0, abs=1e-5)
     assert image["cos(query, target)"] == pytest.approx(image["cos(reference, target)"], abs=1e-5)
-    text_sum = reliance(build_method("sum", None), bf)
+    text_sum = reliance(build_method("sum", None), bench, feats)
     assert text_sum["cos(query, query with another text)"] < 0.999
     assert text_sum["cos(query, reference)"] < 0.999
 

@@ -279,7 +279,7 @@ def test_inputs_errors_name_file_and_line(tmp_path, name, text, msg):
 
 def test_world_decompose_cli_and_training_inputs(tiny_world, tmp_path):
     from foco.cli import main
-    from foco.decompose.world import world_decompositions
+    from foco.world.decompositions import world_decompositions
     from foco.world.manifest import load_pairs
     from foco.world.splits import split_items
     store = tmp_path / "d.sqlite"

@@ -11,12 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from foco.backbones.world import WorldBackbone, WorldBackboneConfig, WorldCLIP
-from foco.box import attention_mass, box_attention_bias, box_cover, box_patch_mask, patch_grid
-from foco.chord import chord_scores, chord_scores_candidates, chord_search, choose_lambda, score_queries_chord
-from foco.evaluate import compose_queries, load_benchmark_features, score_queries
+from foco.model.box import attention_mass, box_attention_bias, box_cover, box_patch_mask, patch_grid
+from foco.benchmarks.world import load_world_part
+from foco.eval.chord import chord_scores, chord_scores_candidates, chord_search
+from foco.eval.compose import compose, reference_rows
+from foco.eval.rank import Chord, score_queries
+from foco.eval.select import choose_alpha, choose_lambda
 from foco.index import ExactIndex
-from foco.methods import (Pic2WordConfig, Pic2WordMapper, Pic2WordMethod, Pic2WordTrainConfig, SlerpMethod,
-                          choose_alpha, compose_raw_queries, slerp, train_pic2word)
+from foco.methods import build_method
+from foco.methods.foco import FoCoMethod
+from foco.methods.pic2word import Pic2WordConfig, Pic2WordMapper, Pic2WordMethod
+from foco.methods.slerp import SlerpMethod, slerp
+from foco.train.pic2word import Pic2WordTrainConfig, train_pic2word
 from foco.model import ComposedQueryEncoder, FoCoConfig
 from foco.world.generate import generate_world, world_config
 from foco.world.splits import extract_world_split
@@ -46,7 +52,7 @@ def world_bb():
 def val_features(mini_world, world_bb, tmp_path_factory):
     cache = tmp_path_factory.mktemp("field") / "val-single"
     extract_world_split(world_bb, mini_world, "val/single", cache, ExtractConfig(dtype="float32"))
-    return load_benchmark_features(mini_world, "val", "single", cache)
+    return load_world_part(mini_world, "val", "single", cache)  # (bench, feats)
 
 
 # -- (1) pseudo tokens ----------------------------------------------------------------------------------------------
@@ -125,18 +131,22 @@ def test_pic2word_on_world_features_saves_loads_and_composes(mini_world, world_b
     meta = json.loads((tmp_path / "p2w" / "pic2word.json").read_text())
     assert meta["model"] == "pic2word" and meta["config"]["token_dim"] == 384 and meta["backbone"] == world_bb.spec
 
-    method = Pic2WordMethod.load(tmp_path / "p2w")
-    assert method.needs_backbone and method.prompts(["make it blue"]) == ["a photo of * that make it blue"]
-    queries = compose_raw_queries(method, val_features, world_bb)  # (Q, D)
-    assert queries.shape == (len(val_features.ref_index), 32)
+    method = Pic2WordMethod.load(tmp_path / "p2w", world_bb)
+    assert method.needs_text_tower and method.prompts(["make it blue"]) == ["a photo of * that make it blue"]
+    bench, feats = val_features
+    queries = compose(method, bench, feats).query  # (Q, D): the one composition path, raw texts in the batch
+    assert queries.shape == (len(bench.queries), 32)
     torch.testing.assert_close(queries.norm(dim=-1), torch.ones(len(queries)))
-    again = compose_raw_queries(Pic2WordMethod(mapper), val_features, world_bb, batch_size=5)
+    again = compose(Pic2WordMethod(mapper, world_bb), bench, feats, batch_size=5).query
     torch.testing.assert_close(queries, again, atol=1e-5, rtol=0)
-    assert set(score_queries(queries, val_features)) >= {"R@1", "Rs@1"}
-    with pytest.raises(TypeError, match="encode_raw"):
-        method.encode(None, None)
+    direct = method.encode_raw(feats.references.global_[reference_rows(bench, feats)],
+                               [q.texts[0] for q in bench.queries], world_bb).query  # all queries in one call
+    torch.testing.assert_close(queries, direct, atol=1e-5, rtol=0)
+    assert set(score_queries(queries, bench, feats.gallery_ids, feats.gallery)) >= {"R@1", "Rs@1"}
+    with pytest.raises(ValueError, match="needs --backbone"):  # the text tower is given when the method is built
+        build_method("pic2word", pic2word=tmp_path / "p2w")
     with pytest.raises(ValueError, match="template"):
-        Pic2WordMethod(mapper, "a photo of *, {}")
+        Pic2WordMethod(mapper, query_template="a photo of *, {}")
 
 
 # -- (3) slerp ------------------------------------------------------------------------------------------------------
@@ -156,9 +166,11 @@ def test_slerp_endpoints_norm_and_alpha_choice(val_features):
         to_v, to_t = _angle(v, q), _angle(t, q)  # q lies on the arc, alpha of the way from v to t
         torch.testing.assert_close(to_v / (to_v + to_t), torch.full((6,), a), atol=1e-4, rtol=0)
     assert torch.isfinite(slerp(v, v, 0.3)).all()  # parallel: no division by sin(0)
-    alpha, table = choose_alpha(val_features, grid=(0.0, 0.5, 1.0))
+    bench, feats = val_features
+    alpha, table = choose_alpha(bench, feats, grid=(0.0, 0.5, 1.0))
     assert alpha in table and table[alpha] == max(table.values())
-    assert table[0.0] == score_queries(compose_queries(SlerpMethod(0.0), val_features), val_features)["R@1"]
+    queries = compose(SlerpMethod(0.0), bench, feats).query
+    assert table[0.0] == score_queries(queries, bench, feats.gallery_ids, feats.gallery)["R@1"]
 
 
 # -- (4) Chord ------------------------------------------------------------------------------------------------------
@@ -210,11 +222,18 @@ def test_chord_scores_equal_the_naive_loop(lam):
 
 
 def test_chord_benchmark_scoring_and_lambda_choice(val_features):
-    queries = compose_queries(SlerpMethod(0.5), val_features)
-    assert score_queries_chord(queries, val_features, 0.0) == score_queries(queries, val_features)
-    exact = score_queries_chord(queries, val_features, 0.3)
-    assert score_queries_chord(queries, val_features, 0.3, shortlist=len(val_features.bench.gallery_ids)) == exact
-    lam, table = choose_lambda(queries, val_features, grid=(0.0, 0.2, 0.4), shortlist=50)
+    bench, feats = val_features
+    queries = compose(SlerpMethod(0.5), bench, feats).query
+    refs = feats.references.global_[reference_rows(bench, feats)].float()  # (Q, D)
+
+    def metrics(chord):
+        return score_queries(queries, bench, feats.gallery_ids, feats.gallery, chord)
+
+    assert metrics(Chord(0.0, refs)) == metrics(None)
+    exact = metrics(Chord(0.3, refs))
+    assert metrics(Chord(0.3, refs, shortlist=len(feats.gallery_ids))) == exact
+    assert exact != metrics(None)  # the direction term changes rankings on this benchmark
+    lam, table = choose_lambda(queries, bench, feats, grid=(0.0, 0.2, 0.4), shortlist=50)
     assert lam in (0.0, 0.2, 0.4) and table[lam] == max(table.values())
 
 
@@ -277,15 +296,17 @@ def test_ambiguous_split_is_deterministic_and_leaves_the_world_alone(mini_world,
 
 
 def test_box_moves_foco_attention_into_the_box(mini_world, world_bb, tmp_path):
-    from foco.box_eval import choose_beta, evaluate_box_anchoring
+    from foco.eval.box import evaluate_box_anchoring
+    from foco.eval.select import choose_beta
     from foco.world.ambiguous import generate_ambiguous_split, load_ambiguous
     generate_ambiguous_split(mini_world, "val", n_queries=12, out=tmp_path)
     extract_world_split(world_bb, tmp_path, "val-ambiguous/single", tmp_path / "cache", ExtractConfig(dtype="float32"))
-    bf = load_benchmark_features(tmp_path, "val-ambiguous", "single", tmp_path / "cache")
+    bench, feats = load_world_part(tmp_path, "val-ambiguous", "single", tmp_path / "cache")
     torch.manual_seed(0)
     model = ComposedQueryEncoder(FoCoConfig(dim=32)).eval()
     betas = (-2.0, 0.0, 1.0, 4.0)
-    res = evaluate_box_anchoring(model, bf, load_ambiguous(tmp_path, "val"), grid=SMALL.image_size // 8, betas=betas)
+    res = evaluate_box_anchoring(FoCoMethod(model), bench, feats, load_ambiguous(tmp_path, "val"),
+                                 grid=SMALL.image_size // 8, betas=betas)
     mass = [res[b]["attn_in_box"] for b in betas]
     assert mass == sorted(mass) and len(set(mass)) == len(mass) and mass[-1] > 50, mass
     assert all(0 <= res[b]["instance_acc"] <= 100 and "R@1" in res[b] for b in res)

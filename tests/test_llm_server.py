@@ -1,4 +1,4 @@
-"""Against a real OpenAI-compatible server (llama-cpp-python + a small GGUF model): run by benchmarks/llm_server.sh,
+"""Against a real OpenAI-compatible server (llama-cpp-python + a small GGUF model): run by experiments/llm_server.sh,
 which starts the server and sets FOCO_LLM_URL. Skipped when no server is configured (as in `make test`)."""
 import json
 import os
@@ -20,7 +20,7 @@ def _reachable() -> bool:
 
 
 pytestmark = pytest.mark.skipif(not _reachable(), reason="no OpenAI-compatible server at FOCO_LLM_URL "
-                                                          "(benchmarks/llm_server.sh starts one)")
+                                                          "(experiments/llm_server.sh starts one)")
 
 
 @pytest.fixture(scope="module")

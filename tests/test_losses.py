@@ -4,9 +4,9 @@ import torch
 import torch.nn.functional as F
 
 from foco.backbones.base import ImageFeatures, TextFeatures
-from foco.losses import TrainBatch, foco_losses, plan_negatives
+from foco.train.losses import TrainBatch, foco_losses, plan_negatives
 from foco.model import ComposedQueryEncoder, FoCoConfig
-from foco.reference import aggr_one as naive_aggr, comp_one as naive_comp, losses_per_pair as slow_losses
+from foco.naive import aggr_one as naive_aggr, comp_one as naive_comp, losses_per_pair as slow_losses
 
 
 def random_batch(B=6, K=3, L=5, P=4, D=16, seed=0):

@@ -90,17 +90,16 @@ def test_exact_index_matches_brute_force_with_reference_removed():
 
 def test_score_queries_removes_reference_only_for_single():
     """A query equal to its reference: reference removed in `single`, kept (and found) in `multi`."""
-    from foco.backbones.base import ImageFeatures, TextFeatures
-    from foco.evaluate import BenchmarkFeatures, score_queries
-    from foco.world.manifest import WorldBenchmark
+    from foco.benchmarks.base import CIRBenchmark, CIRQuery
+    from foco.benchmarks.world import PROTOCOLS
+    from foco.eval.rank import score_queries
     g = torch.nn.functional.normalize(torch.eye(8)[:6] + 0.01, dim=-1)
-    def bf(protocol, targets, subsets):
-        bench = WorldBenchmark(protocol, [f"g{i}" for i in range(6)], [], ["q0"], ["g0"], ["m"], [["g1"]],
-                               [[f"g{i}" for i in s] for s in subsets], ["colour"])
-        return BenchmarkFeatures(bench, ImageFeatures(g, torch.zeros(6, 1, 8)), torch.tensor([0]),
-                                 TextFeatures(g[:1], torch.zeros(1, 1, 8), torch.ones(1, 1, dtype=torch.bool)),
-                                 targets, subsets)
-    single = score_queries(g[:1], bf("single", [[1]], [[0, 1, 2, 3, 4, 5]]))
+    ids = [f"g{i}" for i in range(6)]
+
+    def bench(protocol, targets, subset):
+        query = CIRQuery("q0", "g0", ("m",), targets, subset=subset, category="colour")
+        return CIRBenchmark(f"world/{protocol}", "val", {}, ids, [query], PROTOCOLS[protocol])
+    single = score_queries(g[:1], bench("single", ["g1"], ids), ids, g)
     assert single["R@50"] == 100.0 and single["Rs@3"] in (0.0, 100.0)
-    multi = score_queries(g[:1], bf("multi", [[0]], [[]]))
+    multi = score_queries(g[:1], bench("multi", ["g0"], []), ids, g)
     assert multi["mAP@5"] == 100.0  # the reference is not removed in the multi protocol

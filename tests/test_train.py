@@ -77,9 +77,9 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_world, train_features, t
 
 
 def test_stage2_updates_both_modules(tiny_world, train_features, tmp_path):
-    from foco.data import build_pair_table
+    from foco.train.data import build_pair_table
     from foco.model import ComposedQueryEncoder, FoCoConfig
-    from foco.train import FoCoTrainConfig, train_foco
+    from foco.train.foco import FoCoTrainConfig, train_foco
     from foco.world import load_pairs
     table = build_pair_table(train_features, {p.id: p.decomposition for p in load_pairs(tiny_world, "train")})
     torch.manual_seed(0)

@@ -10,23 +10,23 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-
-from .backbones.train_world import BackboneTrainConfig, train_world_backbone
 from .backbones.world import load_world_backbone
-from .baselines import METHODS, build_method
-from .data import build_pair_table
+from .benchmarks.base import CIRBenchmark
+from .benchmarks.cache import PartFeatures
+from .benchmarks.world import read_world
 from .decompose import build_decomposer
 from .decompose.inputs import read_captions
 from .decompose.run import run_decompose
-from .decompose.world import world_decompositions
-from .evaluate import compose_queries, load_benchmark_features, recall_by_edit_type, score_queries
+from .eval.evaluate import EvalConfig, evaluate, world_cache_features
+from .eval.figures import retrieval_figure
 from .features import ExtractConfig
-from .index import ExactIndex
+from .methods import DEFAULT_METHODS, MethodOptions
 from .model import FoCoConfig
-from .train import FoCoTrainConfig, train_foco
-from .utils.io import atomic_write_text, load_image
-from .viz import retrieval_figure
+from .train.data import build_pair_table
+from .train.foco import FoCoTrainConfig, train_foco
+from .train.world_backbone import BackboneTrainConfig, train_world_backbone
+from .utils.io import atomic_write_text
+from .world.decompositions import world_decompositions
 from .world.generate import generate_world, world_config
 from .world.splits import extract_world_split
 
@@ -105,65 +105,47 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     timings["foco_train_s"] = time.time() - t
 
     t = _stage("evaluation")
-    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, "protocols": {},
-               "methods": {}}
-    for protocol in ("single", "multi"):
-        bf = load_benchmark_features(world, plan.benchmark_split, protocol, feats / f"{plan.benchmark_split}-{protocol}")
-        results["protocols"][protocol] = {"queries": len(bf.ref_index), "gallery": len(bf.bench.gallery_ids)}
-        for name in METHODS:
-            method = build_method(name, foco_dir if name == "foco" else None)
-            queries = compose_queries(method, bf)
-            results["methods"].setdefault(name, {}).update(score_queries(queries, bf))
-            if protocol == "single":
-                results.setdefault("R@1_by_edit_type", {})[name] = {
-                    t: round(v, 2) for t, v in recall_by_edit_type(queries, bf).items()}
-            if name == "foco" and protocol == "single":
-                _figures(method, bf, queries, out / f"attention{suffix}", plan.figures)
+    results = evaluate_world(world, plan.benchmark_split, feats, foco_dir, out / f"attention{suffix}", plan.figures)
+    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, **results}
     timings["eval_s"] = time.time() - t
     results["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     atomic_write_text(out / f"results{suffix}.json", json.dumps(results, indent=2) + "\n")
     return results
 
 
-def _figures(method, bf, queries: torch.Tensor, folder: Path, n: int) -> None:
-    """A few queries of different edit types, with attention and top-5."""
-    from .backbones.base import ImageFeatures, TextFeatures
+def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, figures: Path, n_figures: int) -> dict:
+    """FoCo and the simple baselines on the world's `split` through the one evaluation path, with attention figures
+    of FoCo on `single`: {"protocols", "methods" (one row per method), "R@1_by_edit_type"}."""
+    cfg = EvalConfig(methods=DEFAULT_METHODS, options=MethodOptions(checkpoint=checkpoint), by_category=True)
+
+    def figure_hook(name: str, bench: CIRBenchmark, feats: PartFeatures, composed, rankings) -> None:
+        if name == "foco" and bench.name == "world/single":
+            _figures(bench, composed, rankings, figures, n_figures)
+
+    res = evaluate(read_world(world, split), world_cache_features(features), cfg, on_ranked=figure_hook)
+    return {"protocols": {label_of(p): {"queries": e["queries"], "gallery": e["gallery"]}
+                          for p, e in res["parts"].items()},
+            "methods": res["methods"],
+            "R@1_by_edit_type": {name: {t: round(v, 2) for t, v in by_type.items()}
+                                 for name, by_type in res["parts"]["world/single"]["R@1_by_category"].items()}}
+
+
+def label_of(part: str) -> str:
+    return part.rsplit("/", 1)[-1]
+
+
+def _figures(bench: CIRBenchmark, composed, rankings, folder: Path, n: int) -> None:
+    """The first query of each of `n` edit types, with FoCo's attention and its top 5."""
     chosen, seen = [], set()
-    for q, t in enumerate(bf.bench.edit_types):
-        if t not in seen:
+    for q, query in enumerate(bench.queries):
+        if query.category not in seen:
             chosen.append(q)
-            seen.add(t)
+            seen.add(query.category)
         if len(chosen) == n:
             break
-    index = ExactIndex(queries.shape[1])
-    index.add(bf.gallery.global_)
-    rows = torch.tensor(chosen)
-    _, top_chosen = index.search(queries[rows], 5, exclude=bf.ref_index[rows])
-    top = dict(zip(chosen, top_chosen))
     for q in chosen:
-        r = bf.ref_index[q:q + 1]
-        with torch.inference_mode():
-            cq = method.encode(ImageFeatures(bf.gallery.global_[r], bf.gallery.patches[r]),
-                               TextFeatures(bf.texts.global_[q:q + 1], bf.texts.tokens[q:q + 1], bf.texts.mask[q:q + 1]))
-        images = bf.bench.gallery_images
-        retrieval_figure(folder / f"{bf.bench.query_ids[q]}-{bf.bench.edit_types[q]}.png",
-                         load_image(images[int(r)]), cq.attention[0] if cq.attention is not None else None,
-                         bf.bench.modifications[q], [load_image(images[i]) for i in top[q].tolist()],
-                         [i in bf.target_index[q] for i in top[q].tolist()])
-
-
-def results_table(results: dict) -> str:
-    cols = ["R@1", "R@5", "R@10", "R@50", "Rs@1", "Rs@2", "Rs@3", "mAP@5", "mAP@10", "mAP@25", "mAP@50"]
-    lines = [f"Benchmark: {results['benchmark']} "
-             + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery" for p, v in results["protocols"].items()),
-             "", "| method | " + " | ".join(cols) + " |", "|---|" + "---|" * len(cols)]
-    for name, m in results["methods"].items():
-        lines.append(f"| {name} | " + " | ".join(f"{m[c]:.1f}" if c in m else "-" for c in cols) + " |")
-    by_type = results.get("R@1_by_edit_type")
-    if by_type:
-        types = sorted(next(iter(by_type.values())))
-        lines += ["", "R@1 by edit type (single):", "", "| method | " + " | ".join(types) + " |",
-                  "|---|" + "---|" * len(types)]
-        for name, m in by_type.items():
-            lines.append(f"| {name} | " + " | ".join(f"{m[t]:.1f}" for t in types) + " |")
-    return "\n".join(lines)
+        query = bench.queries[q]
+        top = [rankings.gallery_ids[i] for i in rankings.full[q, :5].tolist()]
+        retrieval_figure(folder / f"{query.id}-{query.category}.png", bench.images[query.reference].load(),
+                         composed.attention[q] if composed.attention is not None else None, query.texts[0],
+                         [bench.images[g].load() for g in top], [g in query.targets for g in top])

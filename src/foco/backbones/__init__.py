@@ -5,26 +5,16 @@
 """
 from __future__ import annotations
 
-from typing import Callable
-
+from ..registry import Registry
 from .base import Backbone, ImageFeatures, TextFeatures
 
-
-def _hf(arg: str, device: str) -> Backbone:
-    from .hf import HFBackbone
-    return HFBackbone(arg, device=device)
-
-
-def _world(arg: str, device: str) -> Backbone:
-    from .world import load_world_backbone
-    return load_world_backbone(arg, device=device)
-
-
-_REGISTRY: dict[str, Callable[[str, str], Backbone]] = {"hf": _hf, "world": _world}
+BACKBONES = Registry("backbone")  # kind -> factory(arg, device=...) -> Backbone
+BACKBONES.register("hf", "foco.backbones.hf:HFBackbone")
+BACKBONES.register("world", "foco.backbones.world:load_world_backbone")
 
 
 def list_backbones() -> list[str]:
-    return sorted(_REGISTRY)
+    return sorted(BACKBONES.names())
 
 
 def create_backbone(spec: str, device: str = "cpu") -> Backbone:
@@ -32,9 +22,9 @@ def create_backbone(spec: str, device: str = "cpu") -> Backbone:
     kind, sep, arg = spec.partition(":")
     if not sep or not arg:
         raise ValueError(f"backbone spec {spec!r} must look like KIND:ARG with KIND in {list_backbones()}")
-    if kind not in _REGISTRY:
+    if kind not in BACKBONES:
         raise ValueError(f"unknown backbone kind {kind!r} in {spec!r}; known: {list_backbones()}")
-    return _REGISTRY[kind](arg, device)
+    return BACKBONES.get(kind)(arg, device=device)
 
 
-__all__ = ["Backbone", "ImageFeatures", "TextFeatures", "create_backbone", "list_backbones"]
+__all__ = ["BACKBONES", "Backbone", "ImageFeatures", "TextFeatures", "create_backbone", "list_backbones"]

@@ -51,8 +51,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from foco.backbones.base import ImageFeatures, TextFeatures
-from foco.backbones.pseudo import placeholder_slots, single_token_id
+from .base import ImageFeatures, TextFeatures
+from .pseudo import placeholder_slots, single_token_id
 
 _CLIP = "clip"
 _SIGLIP = "siglip"

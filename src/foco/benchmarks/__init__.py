@@ -17,32 +17,32 @@ Test splits of CIRR and CIRCO produce server submission files (`submission`), be
 """
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 from typing import Any
 
-from .base import CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, check_images
+from ..registry import Registry
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption, check_images
 
-# name -> (module, reader); every reader is `read_x(root, split, **options) -> list[CIRBenchmark]`
-_READERS = {"fashioniq": ("fashioniq", "read_fashioniq"), "cirr": ("cirr", "read_cirr"),
-            "circo": ("circo", "read_circo"), "genecis": ("genecis", "read_genecis"), "world": ("world", "read_world")}
-BENCHMARKS = tuple(_READERS)
+BENCHMARKS = Registry("benchmark")  # name -> BenchmarkReader
+BENCHMARKS.register("fashioniq", "foco.benchmarks.fashioniq:READER")
+BENCHMARKS.register("cirr", "foco.benchmarks.cirr:READER")
+BENCHMARKS.register("circo", "foco.benchmarks.circo:READER")
+BENCHMARKS.register("genecis", "foco.benchmarks.genecis:READER")
+BENCHMARKS.register("world", "foco.benchmarks.world:READER")
 
 
 def read_benchmark(name: str, root: str | Path, split: str = "val", check_files: bool = True,
                    **options: Any) -> list[CIRBenchmark]:
     """Reads benchmark `name` from `root` in its official layout, then checks that every image file exists.
 
-    Options: fashioniq `join` ("both" | "single" | "pic2word") and `categories`; genecis `tasks`, `coco_dir`,
-    `vg_dir`; world `protocols`.
+    Options: each reader's `READER.options` (fashioniq `join`; genecis `tasks`, `coco_dir`, `vg_dir`; world
+    `protocols`); `categories` for fashioniq too.
     """
-    if name not in _READERS:
-        raise ValueError(f"unknown benchmark {name!r}; choose from {', '.join(BENCHMARKS)}")
-    module, func = _READERS[name]
-    parts = getattr(importlib.import_module(f".{module}", __name__), func)(root, split, **options)
+    parts = BENCHMARKS.get(name).read(root, split, **options)
     if check_files:
         check_images(parts)
     return parts
 
 
-__all__ = ["BENCHMARKS", "CIRBenchmark", "CIRQuery", "EvalProtocol", "ImageRef", "check_images", "read_benchmark"]
+__all__ = ["BENCHMARKS", "BenchmarkReader", "CIRBenchmark", "CIRQuery", "EvalProtocol", "ImageRef", "ReaderOption",
+           "check_images", "read_benchmark"]

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..utils.io import ImageLoadError
 
@@ -101,6 +101,27 @@ class CIRBenchmark:
 
     def texts(self) -> list[str]:
         return list(dict.fromkeys(t for q in self.queries for t in q.texts))
+
+
+@dataclass(frozen=True)
+class ReaderOption:
+    """An option of one reader, declared beside it so that the command line offers it without knowing the
+    benchmark: `--FLAG VALUE` becomes the reader's keyword argument `name` = parse(VALUE)."""
+
+    name: str  # the reader's keyword argument
+    flag: str  # the command-line flag
+    help: str
+    default: str | None = None  # as typed on the command line (parsed like any value)
+    choices: tuple[str, ...] | None = None
+    parse: Callable[[str], Any] = str
+
+
+@dataclass(frozen=True)
+class BenchmarkReader:
+    """What the benchmark registry holds: `read(root, split, **options) -> list[CIRBenchmark]` and its options."""
+
+    read: Callable[..., list[CIRBenchmark]]
+    options: tuple[ReaderOption, ...] = ()
 
 
 def check_images(parts: list[CIRBenchmark]) -> None:

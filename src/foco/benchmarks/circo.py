@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..utils.io import ManifestError
 from .annotations import check_each, check_known, check_unique, read_annotation, require
-from .base import CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
 
 PROTOCOL = EvalProtocol(remove_reference=False, map_ks=(5, 10, 25, 50), submission="circo")
 GALLERY_INFO = Path("COCO2017_unlabeled") / "annotations" / "image_info_unlabeled2017.json"
@@ -54,3 +54,6 @@ def read_circo(root: str | Path, split: str = "val") -> list[CIRBenchmark]:
                         targets=[str(g) for g in e["gt_img_ids"]] if with_target else []) for e in entries]
     return [CIRBenchmark(name="circo", split=split, images=images, gallery=gallery, queries=queries,
                          protocol=PROTOCOL)]
+
+
+READER = BenchmarkReader(read_circo)

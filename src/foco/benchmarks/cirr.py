@@ -14,7 +14,7 @@ from pathlib import Path
 
 from ..utils.io import ManifestError
 from .annotations import check_each, check_known, check_unique, read_annotation, require
-from .base import CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
 
 FILE_SPLITS = {"val": "val", "test": "test1"}  # our split name -> CIRR's file suffix
 PROTOCOL = EvalProtocol(remove_reference=True, recall_ks=(1, 5, 10, 50), subset_ks=(1, 2, 3), submission="cirr")
@@ -60,3 +60,6 @@ def read_cirr(root: str | Path, split: str = "val") -> list[CIRBenchmark]:
                         subset=list(e["img_set"]["members"])) for e in entries]
     return [CIRBenchmark(name="cirr", split=split, images={n: ImageRef(root / rel) for n, rel in names.items()},
                          gallery=list(names), queries=queries, protocol=PROTOCOL)]
+
+
+READER = BenchmarkReader(read_cirr)

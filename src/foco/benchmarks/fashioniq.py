@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..utils.io import ManifestError
 from .annotations import check_each, check_known, read_annotation, require
-from .base import CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, resolve_image
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption, resolve_image
 
 CATEGORIES = ("dress", "shirt", "toptee")
 JOINS = ("both", "single", "pic2word")
@@ -75,3 +75,9 @@ def _read_category(root: Path, split: str, join: str, cat: str) -> CIRBenchmark:
                for i, e in enumerate(entries)]
     return CIRBenchmark(name=f"fashioniq/{cat}", split=split, images=images, gallery=list(gallery),
                         queries=queries, protocol=PROTOCOL, options={"join": join})
+
+
+READER = BenchmarkReader(read_fashioniq, (
+    ReaderOption("join", "--fashioniq-join", "how FashionIQ's two captions become query text", default="both",
+                 choices=JOINS),
+))

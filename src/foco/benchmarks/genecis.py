@@ -20,7 +20,7 @@ from typing import Any
 
 from ..utils.io import ManifestError
 from .annotations import check_each, read_annotation, require
-from .base import CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, resolve_image
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption, resolve_image
 
 TASKS = ("focus_attribute", "change_attribute", "focus_object", "change_object")
 PROTOCOL = EvalProtocol(remove_reference=False, recall_ks=(1, 2, 3))
@@ -100,3 +100,11 @@ def _read_task(path: Path, task: str, coco: Path, vg: Path) -> CIRBenchmark:
     return CIRBenchmark(name=f"genecis/{task}", split="val", images=images, gallery=[], queries=queries,
                         protocol=PROTOCOL, discarded=len(entries) - len(kept),
                         options={"gallery_length": modal + 1})
+
+
+READER = BenchmarkReader(read_genecis, (
+    ReaderOption("tasks", "--genecis-task", "all, or comma-separated of " + ", ".join(TASKS),
+                 default="all", parse=lambda v: TASKS if v == "all" else tuple(v.split(","))),
+    ReaderOption("coco_dir", "--genecis-coco", "GeneCIS object-task images (default ROOT/val2017)"),
+    ReaderOption("vg_dir", "--genecis-vg", "GeneCIS attribute-task images (default ROOT/VG_100K_all)"),
+))

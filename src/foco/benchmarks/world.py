@@ -1,18 +1,26 @@
-"""The embedded world's benchmarks in the common form: `single` with CIRR's protocol flags, `multi` with CIRCO's.
+"""The embedded world's benchmarks in the common form: `single` with CIRR's protocol, `multi` with CIRCO's.
 
     ROOT = a world folder (`foco world generate`); parts "world/single" and "world/multi" of the chosen split.
+
+Their features come either from the usual per-part caches (`foco.benchmarks.cache`, encoded on first use) or from
+caches that `foco features extract --split SPLIT/PROTOCOL` wrote already (`world_features`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
-from ..world.manifest import load_benchmark
-from .base import CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
+import torch
 
-PROTOCOLS = {
-    "single": EvalProtocol(remove_reference=True, recall_ks=(1, 5, 10, 50), subset_ks=(1, 2, 3)),
-    "multi": EvalProtocol(remove_reference=False, map_ks=(5, 10, 25, 50)),
-}
+from ..backbones.base import TextFeatures
+from ..features import FeatureCache
+from ..world.manifest import load_benchmark
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, ImageRef, ReaderOption
+from .cache import PartFeatures
+from .circo import PROTOCOL as CIRCO
+from .cirr import PROTOCOL as CIRR
+
+PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, submission=None)}
 
 
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")
@@ -28,3 +36,36 @@ def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...]
                                   images={g: ImageRef(p) for g, p in zip(b.gallery_ids, b.gallery_images)},
                                   gallery=list(b.gallery_ids), queries=queries, protocol=PROTOCOLS[protocol]))
     return parts
+
+
+def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
+    """A world part's features from a `foco features extract --split SPLIT/PROTOCOL` cache: the gallery with its
+    patches (every reference is a gallery image) and the query texts."""
+    fc = FeatureCache(cache)
+    ids, gallery = fc.images()
+    if ids != bench.gallery_ids():
+        protocol = bench.name.split("/")[-1]
+        raise ValueError(f"feature cache {cache} does not hold the gallery of {bench.split}/{protocol}; extract it "
+                         f"with `foco features extract --split {bench.split}/{protocol} --out {cache}`")
+    text_ids, texts = fc.texts()
+    tpos = {t: i for i, t in enumerate(text_ids)}
+    wanted = bench.texts()
+    missing = [t for t in wanted if t not in tpos]
+    if missing:
+        raise ValueError(f"{len(missing)} modification texts are missing from {cache}")
+    rows = torch.tensor([tpos[t] for t in wanted], dtype=torch.long)  # (T,)
+    return PartFeatures(gallery_ids=ids, gallery=gallery.global_, reference_ids=ids, references=gallery,
+                        text_ids=wanted, texts=TextFeatures(texts.global_[rows], texts.tokens[rows], texts.mask[rows]))
+
+
+READER = BenchmarkReader(read_world, (
+    ReaderOption("protocols", "--protocols", "world protocols, comma-separated", default="single,multi",
+                 parse=lambda v: tuple(v.split(","))),
+))
+
+
+def load_world_part(world: str | Path, split: str, protocol: str, cache: str | Path
+                    ) -> tuple[CIRBenchmark, PartFeatures]:
+    """One world part and its features from an extracted cache: `(bench, feats)` for `foco.eval`."""
+    bench = read_world(world, split, (protocol,))[0]
+    return bench, world_features(bench, cache)

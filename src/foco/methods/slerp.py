@@ -3,22 +3,18 @@
     q(alpha) = sin((1 - alpha) theta) / sin(theta) * v + sin(alpha theta) / sin(theta) * t,   cos(theta) = v . t
 
 with v and t the L2-normalised reference-image and modification-text globals: alpha = 0 is the image, alpha = 1
-the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark by a grid (`choose_alpha`).
+the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark by a grid (`foco.eval.select.choose_alpha`).
 
 This is the training-free part of SlerpTAT only: the paper also tunes the text encoder with LoRA (text-anchored
 tuning); that tuning is not done here, so these numbers are a lower bound of SlerpTAT with the same backbone.
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 import torch.nn.functional as F
 
-from ..backbones.base import ImageFeatures, TextFeatures
 from ..model.encoder import ComposedQuery
-
-ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # 0.0, 0.05, ..., 1.0
+from .base import MethodOptions, QueryBatch, QueryMethod
 
 
 def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> torch.Tensor:
@@ -35,24 +31,18 @@ def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> 
     return F.normalize(w_v * v + w_t * t, dim=-1)
 
 
-class SlerpMethod:
-    """`QueryMethod`: slerp(reference global, modification global, alpha)."""
+class SlerpMethod(QueryMethod):
+    """slerp(reference global, modification global, alpha)."""
 
     def __init__(self, alpha: float = 0.5):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         self.alpha = alpha
 
-    def encode(self, reference: ImageFeatures, modification: TextFeatures) -> ComposedQuery:
-        return ComposedQuery(slerp(reference.global_, modification.global_, self.alpha), attention=None, v_loc=None)
+    @classmethod
+    def from_options(cls, opts: MethodOptions) -> "SlerpMethod":
+        return cls(float(opts.slerp_alpha))
 
-
-def choose_alpha(bf_val, grid: Sequence[float] = ALPHA_GRID, metric: str | None = None
-                 ) -> tuple[float, dict[float, float]]:
-    """The alpha of `grid` with the best `metric` on a val `foco.evaluate.BenchmarkFeatures` (default R@1 for
-    `single`, mAP@10 for `multi`); ties go to the smaller alpha. Returns (alpha, {alpha: metric})."""
-    from ..evaluate import compose_queries, score_queries
-    metric = metric or ("R@1" if bf_val.bench.protocol == "single" else "mAP@10")
-    table = {float(a): score_queries(compose_queries(SlerpMethod(float(a)), bf_val), bf_val)[metric] for a in grid}
-    best = max(table, key=lambda a: (table[a], -a))
-    return best, table
+    def encode(self, batch: QueryBatch) -> ComposedQuery:
+        return ComposedQuery(slerp(batch.reference.global_, batch.modification.global_, self.alpha), attention=None,
+                             v_loc=None)

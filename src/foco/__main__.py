@@ -1,0 +1,6 @@
+"""`python -m foco` is `foco`."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

@@ -1,0 +1,39 @@
+"""The `foco` command line: one subcommand per pipeline stage, one small module per command group.
+Each maps its arguments to a typed config and calls the library; errors a user can fix print one line."""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from . import backbone, decompose, evaluate, quickstart, train, world
+
+GROUPS = (world, backbone, train, evaluate, decompose, quickstart)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="foco", description="Focus-then-Complete zero-shot composed image retrieval")
+    p.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    sub = p.add_subparsers(dest="command", required=True)
+    for group in GROUPS:
+        group.register(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched at run time unless the user says so
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    from ..decompose.client import ConfigError
+    from ..utils.io import ImageLoadError, ManifestError
+    try:
+        return args.func(args)
+    except (ManifestError, ImageLoadError, ConfigError, FileNotFoundError, FileExistsError, ValueError,
+            ImportError) as exc:
+        print(f"foco: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("foco: interrupted; rerun the same command to resume", file=sys.stderr)
+        return 130

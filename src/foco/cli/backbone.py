@@ -1,0 +1,42 @@
+"""`foco backbone train | eval`: the world backbone, and caption <-> image retrieval of any backbone."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import print_table
+
+
+def _train(a: argparse.Namespace) -> int:
+    from ..train.world_backbone import BackboneTrainConfig, train_world_backbone
+    cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads)
+    metrics = train_world_backbone(a.world, a.out, cfg, resume=not a.no_resume)
+    print_table("world backbone on backbone_val", metrics)
+    print(f"saved to {a.out} (model.safetensors + config.json); use it as --backbone world:{a.out}")
+    return 0
+
+
+def _eval(a: argparse.Namespace) -> int:
+    from ..backbones import create_backbone
+    from ..train.world_backbone import evaluate_backbone
+    print_table(f"{a.backbone} on {a.split}", evaluate_backbone(create_backbone(a.backbone), Path(a.world), a.split))
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    bb = sub.add_parser("backbone", help="the world backbone").add_subparsers(dest="action", required=True)
+    t = bb.add_parser("train", help="pretrain the world backbone contrastively on the pretrain split")
+    t.add_argument("--world", required=True)
+    t.add_argument("--out", required=True)
+    t.add_argument("--epochs", type=int, default=6)
+    t.add_argument("--batch-size", type=int, default=256)
+    t.add_argument("--lr", type=float, default=2e-3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")
+    t.set_defaults(func=_train)
+    e = bb.add_parser("eval", help="caption<->image retrieval of a backbone on a pairs split")
+    e.add_argument("--backbone", required=True, help="e.g. world:runs/backbone or hf:PATH")
+    e.add_argument("--world", required=True)
+    e.add_argument("--split", default="backbone_val")
+    e.set_defaults(func=_eval)

@@ -1,0 +1,139 @@
+"""`foco eval`: every method on any benchmark through the one evaluation path.
+
+    foco eval --benchmark {cirr,circo,fashioniq,genecis,world} --root PATH [--split val|test] --checkpoint DIR ...
+    foco eval --benchmark world --root runs/world --features runs/features ...   # the caches `foco features
+                                                                                 # extract` wrote
+
+`--world W` is the old spelling of `--benchmark world --root W` (kept, with a deprecation note). Each reader
+declares its own options (`READER.options` in foco.benchmarks.*); they are offered here for every benchmark and
+refused for the others.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import checkpoint_backbone, float_or_val
+
+
+def _reader_options(a: argparse.Namespace, name: str) -> dict:
+    """The chosen reader's options; an option of another reader given a non-default value is an error."""
+    from ..benchmarks import BENCHMARKS
+    options = {}
+    for other in BENCHMARKS.names():
+        for opt in BENCHMARKS.get(other).options:
+            value = getattr(a, _dest(opt.flag))
+            if other == name:
+                options[opt.name] = None if value is None else opt.parse(value)
+            elif value != opt.default:
+                raise ValueError(f"{opt.flag} is an option of --benchmark {other}, not {name}")
+    return options
+
+
+def _dest(flag: str) -> str:
+    return flag.lstrip("-").replace("-", "_")
+
+
+def _target(a: argparse.Namespace) -> tuple[str, str, str]:
+    """(benchmark, root, split), with `--world W` read as `--benchmark world --root W` (split test by default)."""
+    if a.world:
+        if a.benchmark or a.root:
+            raise ValueError("give either --world (deprecated) or --benchmark with --root, not both")
+        print("foco: note: --world W is deprecated; use --benchmark world --root W", file=sys.stderr)
+        return "world", a.world, a.split or "test"
+    if not a.benchmark or not a.root:
+        raise ValueError("foco eval needs --benchmark NAME --root PATH (the dataset folder in its official layout)")
+    if a.features and a.benchmark != "world":
+        raise ValueError("--features (caches of `foco features extract`) is for --benchmark world; other benchmarks "
+                         "cache their features under --cache")
+    return a.benchmark, a.root, a.split or "val"
+
+
+def _sources(a, name: str, root: str, split: str, options: dict, spec: str | None, backbone):
+    """(features, val) sources: the world's extracted caches, or per-part caches encoded with the backbone."""
+    from ..benchmarks import read_benchmark
+    from ..eval.evaluate import cached_features, val_parts, world_cache_features
+    from ..features import ExtractConfig
+    if a.features:
+        features = world_cache_features(Path(a.features))
+        return features, val_parts(lambda: read_benchmark(name, root, "val", **options), features)
+    if backbone is None:
+        raise ValueError(f"--benchmark {name} encodes its images and needs --backbone (e.g. "
+                         "world:runs/quickstart/backbone or hf:PATH), or a --checkpoint that records one")
+    from ..benchmarks.cache import backbone_slug
+    cache = Path(a.cache) if a.cache else Path("runs") / "cache" / f"{name}-{split}" / backbone_slug(spec)
+    val_cache = cache if split == "val" else (Path(f"{a.cache}-val") if a.cache else
+                                              Path("runs") / "cache" / f"{name}-val" / backbone_slug(spec))
+    extract = ExtractConfig(batch_size=a.batch_size)
+    return (cached_features(backbone, cache, extract),
+            val_parts(lambda: read_benchmark(name, root, "val", **options), cached_features(backbone, val_cache,
+                                                                                            extract)))
+
+
+def _eval(a: argparse.Namespace) -> int:
+    from ..benchmarks import read_benchmark
+    from ..eval.evaluate import EvalConfig, evaluate
+    from ..eval.report import results_table
+    from ..methods import MethodOptions, needs_text_tower
+    from ..utils.io import atomic_write_text
+    name, root, split = _target(a)
+    options = _reader_options(a, name)
+    methods = tuple(a.methods.split(","))
+    spec = a.backbone or checkpoint_backbone(a.checkpoint)
+    parts = read_benchmark(name, root, split, **options)  # every file checked before any encoding
+    backbone = None
+    if spec and (not a.features or needs_text_tower(methods)):
+        from ..backbones import create_backbone
+        backbone = create_backbone(spec, device=a.device)
+    features, val = _sources(a, name, root, split, options, spec, backbone)
+    cfg = EvalConfig(methods=methods, slerp_alpha=float_or_val(a.slerp_alpha), chord=float_or_val(a.chord),
+                     chord_shortlist=a.chord_shortlist, val=val,
+                     options=MethodOptions(checkpoint=Path(a.checkpoint) if a.checkpoint else None,
+                                           pic2word=Path(a.pic2word) if a.pic2word else None, backbone=backbone),
+                     submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
+                                                              Path("runs") / "submissions")))
+    results = evaluate(parts, features, cfg, backbone_spec=spec)
+    print(results_table(results))
+    if a.chord is not None:
+        print("scores: Chord (cosine + lambda * direction agreement)")
+    if a.out:
+        atomic_write_text(a.out, json.dumps(results, indent=2) + "\n")
+        print(f"results in {a.out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..benchmarks import BENCHMARKS
+    from ..methods import METHODS
+    ev = sub.add_parser("eval", help="evaluate methods on a benchmark (official layouts, or the world)")
+    ev.add_argument("--benchmark", default=None, choices=BENCHMARKS.names(),
+                    help="read this benchmark from --root in its official layout (docs: foco.benchmarks)")
+    ev.add_argument("--root", default=None, help="the dataset folder (a world folder for world)")
+    ev.add_argument("--world", default=None, help="deprecated: --benchmark world --root WORLD (split test by default)")
+    ev.add_argument("--split", default=None, choices=["val", "test"], help="default: val (test with --world)")
+    ev.add_argument("--features", default=None,
+                    help="world only: folder of <split>-<protocol> caches from `foco features extract`")
+    ev.add_argument("--methods", default="foco,image,text,sum",
+                    help=f"comma-separated, from: {', '.join(METHODS.names())}")
+    ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
+    ev.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (foco pic2word train)")
+    ev.add_argument("--slerp-alpha", default="val", help="slerp's alpha, or 'val' to choose it on the val split")
+    ev.add_argument("--chord", default=None, metavar="LAMBDA",
+                    help="Chord scoring with this lambda for every method, or 'val' to choose it per method on val")
+    ev.add_argument("--chord-shortlist", type=int, default=None,
+                    help="Chord rescores only the cosine top-N of the gallery (default: all of it)")
+    ev.add_argument("--backbone", default=None, help="backbone spec (default: the one the FoCo checkpoint records)")
+    ev.add_argument("--cache", default=None, help="feature cache folder (default runs/cache/<benchmark>-<split>/"
+                                                  "<backbone>; val choices use <cache>-val)")
+    for name in BENCHMARKS.names():
+        for opt in BENCHMARKS.get(name).options:
+            ev.add_argument(opt.flag, default=opt.default, choices=opt.choices, help=f"{name}: {opt.help}")
+    ev.add_argument("--submission-dir", default=None,
+                    help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
+                         "runs/submissions)")
+    ev.add_argument("--batch-size", type=int, default=128, help="images or texts per encoder call")
+    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--out", default=None, help="write the results as JSON here")
+    ev.set_defaults(func=_eval)

@@ -1,0 +1,30 @@
+"""`foco quickstart`: world -> backbone -> decompositions -> FoCo -> evaluation, on the embedded world."""
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _quickstart(a: argparse.Namespace) -> int:
+    from ..eval.report import metrics_table
+    from ..quickstart import run_quickstart
+    t0 = time.time()
+    res = run_quickstart(a.out, a.size, a.seed, a.decomposer)
+    print(f"Benchmark: {res['benchmark']} " + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery"
+                                                     for p, v in res["protocols"].items()) + "\n")
+    print(metrics_table(res["methods"], digits=1))
+    print("\nR@1 by edit type (single):\n\n" + metrics_table(res["R@1_by_edit_type"], digits=1))
+    suffix = "" if a.decomposer == "oracle" else f"-{a.decomposer}"
+    print(f"\nresults in {a.out}/results{suffix}.json, figures in {a.out}/attention{suffix}/ "
+          f"({time.time() - t0:.0f}s)")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    qs = sub.add_parser("quickstart", help="world -> backbone -> decompositions -> FoCo -> evaluation")
+    qs.add_argument("--out", required=True)
+    qs.add_argument("--size", default="default", choices=["tiny", "default"])
+    qs.add_argument("--seed", type=int, default=0)
+    qs.add_argument("--decomposer", default="oracle", choices=["oracle", "rule"],
+                    help="training decompositions; rule (spaCy) is the paper's ablation and trains beside oracle")
+    qs.set_defaults(func=_quickstart)

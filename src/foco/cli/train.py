@@ -1,0 +1,97 @@
+"""`foco features extract` and `foco train`: encode a world split once, then train FoCo on the cached features."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import add_decomposition_args
+
+
+def _features_extract(a: argparse.Namespace) -> int:
+    from ..backbones import create_backbone
+    from ..features import ExtractConfig
+    from ..world.splits import extract_world_split
+    cfg = ExtractConfig(shard_size=a.shard_size, batch_size=a.batch_size, dtype=a.dtype, patches=not a.no_patches)
+    decs = None
+    if a.decompositions is not None:
+        from ..world.decompositions import world_decompositions
+        decs = world_decompositions(a.world, a.split, a.decompositions, a.decomposer)
+    stats = extract_world_split(create_backbone(a.backbone), a.world, a.split, a.out, cfg, decompositions=decs)
+    for kind, s in stats.items():
+        rate = f"{s['encoded'] / s['seconds']:.1f}/s" if s["encoded"] else "all cached"
+        print(f"{kind}: {s['items']} items, {s['encoded']} encoded now ({rate})")
+    print(f"features in {a.out}")
+    return 0
+
+
+def _train(a: argparse.Namespace) -> int:
+    from ..features import FeatureCache
+    from ..model import FoCoConfig
+    from ..train.data import build_pair_table
+    from ..train.foco import FoCoTrainConfig, train_foco
+    from ..world.decompositions import world_decompositions
+    cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
+                          lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
+                          max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias))
+    table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer))
+    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": FeatureCache(a.features).manifest["backbone"]})
+    print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
+          f"curve {a.out}/loss_curve.png")
+    return 0
+
+
+def _pic2word_train(a: argparse.Namespace) -> int:
+    from ..backbones import create_backbone
+    from ..features import FeatureCache
+    from ..train.pic2word import Pic2WordTrainConfig, train_pic2word
+    cache = FeatureCache(a.features)
+    spec = a.backbone or cache.manifest["backbone"]
+    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    train_pic2word(cache.images()[1].global_, create_backbone(spec), a.out, cfg, resume=True)
+    print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    feats = sub.add_parser("features", help="the feature cache").add_subparsers(dest="action", required=True)
+    x = feats.add_parser("extract", help="encode a world split once into resumable shards")
+    x.add_argument("--backbone", required=True)
+    x.add_argument("--world", required=True)
+    x.add_argument("--split", required=True,
+                   help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
+    x.add_argument("--out", required=True)
+    x.add_argument("--shard-size", type=int, default=2048)
+    x.add_argument("--batch-size", type=int, default=128)
+    x.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"])
+    x.add_argument("--no-patches", action="store_true", help="store only global image features")
+    add_decomposition_args(x)
+    x.set_defaults(func=_features_extract)
+
+    tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
+    tr.add_argument("--features", required=True, help="feature cache of the training split")
+    tr.add_argument("--world", required=True, help="world folder (its pairs; oracle decompositions by default)")
+    tr.add_argument("--split", default="train")
+    add_decomposition_args(tr)
+    tr.add_argument("--out", required=True)
+    tr.add_argument("--stage1-epochs", type=int, default=3)
+    tr.add_argument("--stage2-epochs", type=int, default=30)
+    tr.add_argument("--batch-size", type=int, default=512)
+    tr.add_argument("--lr-stage1", type=float, default=5e-4)
+    tr.add_argument("--lr-aggr", type=float, default=5e-5)
+    tr.add_argument("--lr-comp", type=float, default=3e-5)
+    tr.add_argument("--max-negatives", type=int, default=None, help="cap on cross-instance negatives per anchor")
+    tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
+    tr.add_argument("--seed", type=int, default=0)
+    tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    tr.set_defaults(func=_train)
+
+    pw = sub.add_parser("pic2word", help="the Pic2Word baseline").add_subparsers(dest="action", required=True)
+    pt = pw.add_parser("train", help="train Pic2Word's mapping network on cached image features")
+    pt.add_argument("--features", required=True, help="feature cache of the training split (its images)")
+    pt.add_argument("--out", required=True)
+    pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
+    pt.add_argument("--epochs", type=int, default=2)
+    pt.add_argument("--batch-size", type=int, default=128)
+    pt.add_argument("--lr", type=float, default=5e-4)
+    pt.add_argument("--seed", type=int, default=0)
+    pt.set_defaults(func=_pic2word_train)

@@ -1,0 +1,72 @@
+"""`foco world generate | ambiguous | verify | export`: the embedded synthetic world."""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from ..world.generate import generate_world, world_config
+    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps, partial_captions=not a.exhaustive_captions)
+    out = Path(a.out)
+    t0 = time.time()
+    summary = generate_world(out, cfg)
+    print(f"world written to {out} in {time.time() - t0:.1f}s")
+    for name, n in summary["counts"].items():
+        print(f"  {name}: {n}")
+    return 0
+
+
+def _verify(a: argparse.Namespace) -> int:
+    from ..world.verify import verify_world
+    print(json.dumps(verify_world(a.world), indent=2))
+    return 0
+
+
+def _ambiguous(a: argparse.Namespace) -> int:
+    from ..world.ambiguous import generate_ambiguous_split, split_name
+    summary = generate_ambiguous_split(a.world, a.split, n_queries=a.queries, out=a.out)
+    print(f"ambiguous benchmark {split_name(a.split)}/single written under {a.out or a.world}: "
+          f"{summary['queries']} queries, {summary['gallery']} gallery images, boxes as {summary['box_format']}")
+    return 0
+
+
+def _export(a: argparse.Namespace) -> int:
+    from ..benchmarks.export import export_world
+    summary = export_world(a.world, a.format, a.split, a.out)
+    print(f"world {a.split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
+          f"{summary['queries']} queries, {summary['gallery']} gallery images")
+    print(f"evaluate it with: foco eval --benchmark {a.format} --root {a.out} --split "
+          f"{'val' if a.format == 'genecis' else a.split} --backbone ... --checkpoint ...")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    world = sub.add_parser("world", help="the embedded synthetic world").add_subparsers(dest="action", required=True)
+    g = world.add_parser("generate", help="generate images, caption pairs and CIR benchmarks")
+    g.add_argument("--out", required=True, help="output folder")
+    g.add_argument("--size", default="default", choices=["tiny", "default"])
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--stamps", default=None,
+                   help="folder of captioned cutout PNGs (tuxpaint-stamps layout) to use as extra objects")
+    g.add_argument("--exhaustive-captions", action="store_true",
+                   help="every training caption names every object and the background (default: some are partial)")
+    g.set_defaults(func=_generate)
+    am = world.add_parser("ambiguous", help="the ambiguous-reference variant (two same-kind objects, a box)")
+    am.add_argument("--world", required=True)
+    am.add_argument("--split", default="test", choices=["val", "test"])
+    am.add_argument("--queries", type=int, default=None)
+    am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
+    am.set_defaults(func=_ambiguous)
+    v = world.add_parser("verify", help="check every manifest and image of a world folder")
+    v.add_argument("world")
+    v.set_defaults(func=_verify)
+    ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...)")
+    ex.add_argument("--world", required=True)
+    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis"])
+    ex.add_argument("--split", default="val", choices=["val", "test"],
+                    help="test files carry no targets, as the official ones (GeneCIS keeps them)")
+    ex.add_argument("--out", required=True)
+    ex.set_defaults(func=_export)

@@ -1,0 +1,1 @@
+"""Evaluation: compose -> rank -> score, one path for every benchmark."""

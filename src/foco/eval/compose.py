@@ -1,0 +1,66 @@
+"""Composing queries for a benchmark part: every method, every benchmark, one loop.
+
+    composed = compose(method, bench, feats)             # ComposedQuery: query (Q, D), attention (Q, P) or None
+
+Queries are built in batches of `QueryBatch` from the part's cached features (`foco.benchmarks.cache`). With
+several text variants per query (FashionIQ's "both" join), each variant is composed with the reference and the query
+is normalize(sum of the normalised variant queries).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..backbones.base import ImageFeatures, TextFeatures
+from ..benchmarks.base import CIRBenchmark
+from ..benchmarks.cache import PartFeatures
+from ..methods.base import QueryBatch, QueryMethod
+from ..model.encoder import ComposedQuery
+
+
+def reference_rows(bench: CIRBenchmark, feats: PartFeatures) -> torch.Tensor:
+    """(Q,) row of each query's reference in `feats.references`."""
+    pos = {r: i for i, r in enumerate(feats.reference_ids)}
+    return torch.tensor([pos[q.reference] for q in bench.queries], dtype=torch.long)
+
+
+def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch_size: int = 256,
+            anchors: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None) -> ComposedQuery:
+    """One composed query per benchmark query.
+
+    Args:
+        anchors: (Q, D) a separate F_Aggr anchor per query (T_m decomposed); methods that read anchors only.
+        attn_bias: (Q, P) additive F_Aggr attention logits per query (box anchoring); likewise.
+    Returns:
+        query (Q, D) float32; attention (Q, P) when the method has one and each query has one text variant.
+    """
+    if (anchors is not None or attn_bias is not None) and not method.reads_anchor:
+        raise ValueError(f"{type(method).__name__} takes no anchor or attention bias")
+    n_variants = {len(q.texts) for q in bench.queries}
+    if len(n_variants) != 1:
+        raise ValueError(f"{bench.name}: queries have different numbers of text variants {sorted(n_variants)}")
+    ref_rows = reference_rows(bench, feats)  # (Q,)
+    text_pos = {t: i for i, t in enumerate(feats.text_ids)}
+    queries, attention = [], []
+    for v in range(n_variants.pop()):
+        texts = [q.texts[v] for q in bench.queries]
+        text_rows = torch.tensor([text_pos[t] for t in texts], dtype=torch.long)  # (Q,)
+        out, att = [], []
+        for s in range(0, len(texts), batch_size):
+            r, t = ref_rows[s:s + batch_size], text_rows[s:s + batch_size]
+            batch = QueryBatch(
+                reference=ImageFeatures(feats.references.global_[r], feats.references.patches[r]),
+                modification=TextFeatures(feats.texts.global_[t], feats.texts.tokens[t], feats.texts.mask[t]),
+                texts=texts[s:s + batch_size],
+                anchor=None if anchors is None else anchors[s:s + batch_size],
+                attn_bias=None if attn_bias is None else attn_bias[s:s + batch_size])
+            with torch.inference_mode():
+                cq = method.encode(batch)
+            out.append(cq.query.float())  # (b, D)
+            if cq.attention is not None:
+                att.append(cq.attention.float())  # (b, P)
+        queries.append(torch.cat(out))  # (Q, D)
+        attention.append(torch.cat(att) if att else None)
+    if len(queries) == 1:
+        return ComposedQuery(queries[0], attention[0], None)
+    return ComposedQuery(F.normalize(sum(F.normalize(q, dim=-1) for q in queries), dim=-1), None, None)

@@ -1,0 +1,188 @@
+"""The one evaluation path: for every benchmark part and every method, compose -> rank -> score.
+
+    parts = read_benchmark("cirr", root, "val")
+    results = evaluate(parts, cached_features(backbone, Path("runs/cache/cirr-val")),
+                       EvalConfig(methods=("foco", "sum"), options=MethodOptions(checkpoint=ckpt)))
+
+The embedded world is a benchmark like the others; its parts can also read the caches that `foco features extract`
+wrote (`world_cache_features`). Chord rescoring is an option of ranking; slerp's alpha and Chord's lambda can be
+chosen on the val split of the same benchmark ("val"), through `EvalConfig.val`, a second source of parts.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Union
+
+from ..benchmarks.base import CIRBenchmark
+from ..benchmarks.cache import PartFeatures, cache_part, load_part, part_folder
+from ..features import ExtractConfig
+from ..methods import DEFAULT_METHODS, MethodOptions, QueryMethod, build_method
+from ..model.encoder import ComposedQuery
+from .compose import compose, reference_rows
+from .rank import Chord, Rankings, rank, score, score_by_category
+from .select import choose_alpha, choose_lambda
+from .submission import write_submission
+
+log = logging.getLogger(__name__)
+
+FeatureSource = Callable[[CIRBenchmark], PartFeatures]
+ValSource = Callable[[], dict[str, tuple[CIRBenchmark, PartFeatures]]]  # part name -> val part and its features
+Choice = Union[float, str, None]  # a number, "val" (chosen on the val split) or None (off)
+OnRanked = Callable[[str, CIRBenchmark, PartFeatures, ComposedQuery, Rankings], None]
+
+
+@dataclass
+class EvalConfig:
+    methods: tuple[str, ...] = DEFAULT_METHODS
+    options: MethodOptions = field(default_factory=MethodOptions)  # checkpoint, Pic2Word mapper, backbone
+    slerp_alpha: float | str = 0.5  # a number, or "val"
+    chord: Choice = None  # Chord rescoring lambda for every method: None (cosine), a number, or "val" (per method)
+    chord_shortlist: int | None = None  # rescore only the cosine top-N of the full gallery (None: all of it)
+    compose_batch: int = 256  # queries per method.encode call
+    by_category: bool = False  # also R@1 per query category (world edit types) where there are categories
+    submission_dir: Path | None = None  # where test-split submission files go (None: not written)
+    val: ValSource | None = None  # val parts, for the choices made on val
+
+
+def cached_features(backbone, cache: Path, extract: ExtractConfig = ExtractConfig()) -> FeatureSource:
+    """Parts' features from `cache`/<part>/, encoding with `backbone` whatever is not cached yet."""
+    def source(bench: CIRBenchmark) -> PartFeatures:
+        folder = part_folder(cache, bench)
+        log.info("%s: %d queries, %d gallery images; features in %s", bench.name, len(bench.queries),
+                 len(bench.gallery_ids()), folder)
+        cache_part(backbone, bench, folder, extract)
+        return load_part(bench, folder)
+    return source
+
+
+def world_cache_features(features: Path) -> FeatureSource:
+    """World parts' features from `features`/<split>-<protocol>, as `foco features extract` and the quickstart
+    write them."""
+    from ..benchmarks.world import world_features
+
+    def source(bench: CIRBenchmark) -> PartFeatures:
+        cache = Path(features) / f"{bench.split}-{bench.name.split('/')[-1]}"
+        if not (cache / "manifest.json").is_file():
+            raise ValueError(f"no features for {bench.name} {bench.split} in {cache}: `foco features extract "
+                             f"--split {bench.split}/{bench.name.split('/')[-1]} --out {cache} ...`")
+        return world_features(bench, cache)
+    return source
+
+
+def val_parts(read_val: Callable[[], list[CIRBenchmark]], features: FeatureSource) -> ValSource:
+    """A `ValSource` that reads the val parts and their features once, on first use."""
+    loaded: dict[str, tuple[CIRBenchmark, PartFeatures]] = {}
+
+    def source() -> dict[str, tuple[CIRBenchmark, PartFeatures]]:
+        if not loaded:
+            loaded.update({b.name: (b, features(b)) for b in read_val()})
+        return loaded
+    return source
+
+
+def label(bench: CIRBenchmark) -> str:
+    """The short name of a part in reports: "single" for world/single, "dress" for fashioniq/dress."""
+    return bench.name.rsplit("/", 1)[-1]
+
+
+def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig, backbone_spec: str | None = None,
+             on_ranked: OnRanked | None = None) -> dict:
+    """Results of every method on every part, with the parameters chosen on val, the mean over parts (when they
+    share metrics), one row per method across parts (when they do not) and the paths of submission files.
+
+    `on_ranked(method, bench, feats, composed, rankings)` is called after each method is ranked on each part
+    (figures, exports)."""
+    results: dict = {"benchmark": parts[0].name.split("/")[0], "split": parts[0].split, "backbone": backbone_spec,
+                     "checkpoint": str(cfg.options.checkpoint) if cfg.options.checkpoint else None,
+                     "options": parts[0].options, "parts": {}, "chosen": {}, "submissions": []}
+    fixed = {n: build_method(n, opts=cfg.options) for n in cfg.methods if not (n == "slerp" and cfg.slerp_alpha == "val")}
+    try:
+        for bench in parts:
+            feats = features(bench)
+            entry = {"queries": len(bench.queries), "gallery": len(bench.gallery_ids()), "discarded": bench.discarded,
+                     "methods": {}}
+            for name in cfg.methods:
+                method = fixed.get(name) or _chosen_slerp(bench, cfg, results["chosen"])
+                composed = compose(method, bench, feats, cfg.compose_batch)
+                rankings = rank(bench, feats.gallery_ids, feats.gallery, composed.query,
+                                _chord(name, method, bench, feats, cfg, results["chosen"]))
+                entry["methods"][name] = score(bench, rankings)
+                if cfg.by_category:
+                    by_cat = score_by_category(bench, rankings)
+                    if by_cat:
+                        entry.setdefault("R@1_by_category", {})[name] = by_cat
+                if not bench.has_targets and bench.protocol.submission and cfg.submission_dir is not None:
+                    paths = write_submission(cfg.submission_dir, bench, rankings, name)
+                    results["submissions"] += [str(p) for p in paths]
+                if on_ranked is not None:
+                    on_ranked(name, bench, feats, composed, rankings)
+            results["parts"][bench.name] = entry
+    finally:
+        for method in fixed.values():
+            if hasattr(method, "close"):
+                method.close()
+    mean = mean_over_parts(results["parts"])
+    if mean:
+        results["mean"] = mean
+    merged = merge_parts(results["parts"])
+    if merged:
+        results["methods"] = merged
+    return results
+
+
+def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBenchmark, PartFeatures]:
+    if cfg.val is None:
+        raise ValueError(f"choosing {what} on val needs the val split's features")
+    val = cfg.val()
+    if bench.name not in val:
+        raise ValueError(f"the val split has no part {bench.name!r} to choose {what} on")
+    return val[bench.name]
+
+
+def _chosen_slerp(bench: CIRBenchmark, cfg: EvalConfig, chosen: dict) -> QueryMethod:
+    alpha, _ = choose_alpha(*_val_part(bench, cfg, "slerp's alpha"))
+    chosen[f"slerp alpha ({label(bench)})"] = alpha
+    return build_method("slerp", opts=replace(cfg.options, slerp_alpha=alpha))
+
+
+def _chord(name: str, method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, cfg: EvalConfig,
+           chosen: dict) -> Chord | None:
+    if cfg.chord is None:
+        return None
+    lam = cfg.chord
+    if lam == "val":
+        vb, vf = _val_part(bench, cfg, "Chord's lambda")
+        lam, _ = choose_lambda(compose(method, vb, vf, cfg.compose_batch).query, vb, vf)
+        chosen[f"chord lambda {name} ({label(bench)})"] = lam
+    refs = feats.references.global_[reference_rows(bench, feats)].float()  # (Q, D)
+    return Chord(float(lam), refs, cfg.chord_shortlist)
+
+
+def mean_over_parts(parts: dict) -> dict[str, dict[str, float]]:
+    """Unweighted mean over parts (FashionIQ categories, GeneCIS tasks), when there are several with the same
+    metrics; empty otherwise."""
+    entries = list(parts.values())
+    if len(entries) < 2:
+        return {}
+    out = {}
+    for name in entries[0]["methods"]:
+        rows = [e["methods"][name] for e in entries]
+        if not rows[0] or any(r.keys() != rows[0].keys() for r in rows):
+            return {}
+        out[name] = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+    return out
+
+
+def merge_parts(parts: dict) -> dict[str, dict[str, float]]:
+    """One row per method across parts whose metrics have different names (the world's single and multi, or a
+    single part); empty when two parts report the same metric (their mean is `mean_over_parts`)."""
+    out: dict[str, dict[str, float]] = {}
+    for entry in parts.values():
+        for name, metrics in entry["methods"].items():
+            row = out.setdefault(name, {})
+            if row.keys() & metrics.keys():
+                return {}
+            row.update(metrics)
+    return out

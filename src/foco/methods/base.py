@@ -1,0 +1,65 @@
+"""What every composed-query method receives and returns.
+
+A method turns a batch of (reference image, modification text) into normalised query vectors in the gallery's
+space. Every method composes from the same `QueryBatch`: cached reference features, cached text features and the
+raw texts. Methods that re-encode text (Pic2Word, FoCo with T_m decomposed) hold the backbone's text tower from
+their construction (`MethodOptions.backbone`), so no caller branches on the kind of method.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar, Sequence
+
+import torch
+
+from ..backbones.base import ImageFeatures, TextFeatures
+from ..model.encoder import ComposedQuery
+
+if TYPE_CHECKING:
+    from ..backbones.base import Backbone
+
+
+@dataclass
+class QueryBatch:
+    """B composed-retrieval queries."""
+
+    reference: ImageFeatures  # (B, D) globals, (B, P, D) patches
+    modification: TextFeatures  # (B, D), (B, L, D), (B, L): the modification texts' cached features
+    texts: Sequence[str]  # the B modification texts themselves
+    anchor: torch.Tensor | None = None  # (B, D) a separate F_Aggr anchor text (T_m decomposed); None: T_m
+    attn_bias: torch.Tensor | None = None  # (B, P) additive F_Aggr attention logits (box anchoring)
+
+
+@dataclass
+class MethodOptions:
+    """Everything a method may be built from; each method reads the fields it needs."""
+
+    checkpoint: Path | None = None  # FoCo checkpoint folder (foco.safetensors + foco.json)
+    pic2word: Path | None = None  # Pic2Word mapper folder (`foco pic2word train`)
+    slerp_alpha: float = 0.5  # slerp's interpolation weight (0: image, 1: text)
+    backbone: "Backbone | None" = None  # the text tower, for methods with needs_text_tower
+
+
+class QueryMethod:
+    """Base of every method: `encode(QueryBatch) -> ComposedQuery` with `query` (B, D) L2-normalised.
+
+    Class attributes say what a method reads beyond the cached features, so that callers can check up front:
+    `needs_text_tower` (built with `MethodOptions.backbone`) and `reads_anchor` (uses `QueryBatch.anchor` and
+    `attn_bias`; other methods refuse them rather than ignore them).
+    """
+
+    needs_text_tower: ClassVar[bool] = False
+    reads_anchor: ClassVar[bool] = False
+
+    @classmethod
+    def from_options(cls, opts: MethodOptions) -> "QueryMethod":
+        return cls()
+
+    def encode(self, batch: QueryBatch) -> ComposedQuery:
+        raise NotImplementedError
+
+
+def plain_query(q: torch.Tensor) -> ComposedQuery:
+    """(B, D) -> a ComposedQuery of the L2-normalised rows, without attention."""
+    return ComposedQuery(query=torch.nn.functional.normalize(q, dim=-1), attention=None, v_loc=None)

@@ -1,0 +1,71 @@
+"""Box anchoring (AdaFocal, OACIR): a bounding box on the reference image steers F_Aggr's attention.
+
+A box (x0, y0, x1, y1) in pixels of the reference image marks the instance the modification is about. It becomes
+an additive modulation beta on F_Aggr's attention logits for the patches inside the box (`FAggr(attn_bias=...)`):
+
+    logits_p <- logits_p + beta * [patch p inside the box],
+
+so that attention mass moves into the box as beta grows (beta = 0 is plain FoCo). AdaFocal predicts beta from the
+query with a small attention module; here beta is a fixed scalar chosen on val.
+
+The sign says what the box means. In AdaFocal the box marks the instance to *preserve*: beta > 0. FoCo's F_Aggr
+localizes the part that F_Comp then completes with the text (in training: the object the contextual caption leaves
+out, which the target keeps), so a box around the object to *change* (the ambiguous world benchmark) calls for
+beta < 0, pushing attention onto the rest of the image. On the quickstart world run, beta < 0 raises FoCo's
+instance accuracy on that benchmark and beta > 0 lowers it (experiments/field_table.py).
+
+Patches are the backbone's square grid (world: `WorldBackboneConfig.image_size // 8` per side; CLIP/SigLIP:
+sqrt(num_patches)), row-major as the towers flatten them. A box is mapped onto that grid by plain scaling, which is
+exact for the world backbone and for square images under CLIP's resize + centre crop; other images need the box
+mapped through the processor's crop first.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+
+def patch_grid(num_patches: int) -> int:
+    """The side g of a square g x g patch grid."""
+    g = math.isqrt(num_patches)
+    if g * g != num_patches:
+        raise ValueError(f"{num_patches} patches do not form a square grid")
+    return g
+
+
+def box_cover(boxes: torch.Tensor, image_size: int | tuple[int, int], grid: int) -> torch.Tensor:
+    """(B, 4) boxes (x0, y0, x1, y1) in pixels of a W x H image -> (B, g*g) fraction of each patch cell they cover.
+    Rows of NaN (no box) cover nothing."""
+    W, H = (image_size, image_size) if isinstance(image_size, int) else image_size
+    boxes = boxes.float()
+    edges_x = torch.linspace(0, W, grid + 1)  # (g+1,)
+    edges_y = torch.linspace(0, H, grid + 1)  # (g+1,)
+    x0, y0, x1, y1 = (boxes[:, i:i + 1] for i in range(4))  # (B, 1) each
+    ox = (torch.minimum(x1, edges_x[1:]) - torch.maximum(x0, edges_x[:-1])).clamp_min(0) / (W / grid)  # (B, g)
+    oy = (torch.minimum(y1, edges_y[1:]) - torch.maximum(y0, edges_y[:-1])).clamp_min(0) / (H / grid)  # (B, g)
+    cover = oy[:, :, None] * ox[:, None, :]  # (B, g rows, g cols)
+    return torch.nan_to_num(cover, nan=0.0).flatten(1)  # (B, g*g), row-major
+
+
+def box_patch_mask(boxes: torch.Tensor, image_size: int | tuple[int, int], grid: int, min_cover: float = 0.25
+                   ) -> torch.Tensor:
+    """(B, g*g) bool: patches at least `min_cover` inside the box; a box smaller than that still gets its
+    best-covered patch. Rows without a box (NaN) are all False."""
+    cover = box_cover(boxes, image_size, grid)  # (B, P)
+    mask = cover >= min_cover
+    best = cover.argmax(1)  # (B,)
+    has_box = cover.amax(1) > 0  # (B,)
+    mask[torch.arange(len(mask))[has_box], best[has_box]] = True
+    return mask
+
+
+def box_attention_bias(boxes: torch.Tensor, beta: float, image_size: int | tuple[int, int], grid: int,
+                       min_cover: float = 0.25) -> torch.Tensor:
+    """(B, g*g) additive attention-logit bias: beta inside the box, 0 elsewhere (and everywhere without a box)."""
+    return beta * box_patch_mask(boxes, image_size, grid, min_cover).float()
+
+
+def attention_mass(attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B, P) attention (summing to 1 over P) and (B, P) bool mask -> (B,) attention mass inside the mask."""
+    return (attention * mask.float()).sum(-1)

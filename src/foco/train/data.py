@@ -1,0 +1,69 @@
+"""Training data for FoCo: cached backbone features joined with caption decompositions, served as `TrainBatch`es."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..decompose.schema import Decomposition
+from ..features import FeatureCache
+from .losses import TrainBatch
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PairTable:
+    """N training images with up to K decomposition pairs each, as indices into the cached text features."""
+
+    image_global: torch.Tensor  # (N, D) float32
+    patches: torch.Tensor  # (N, P, D) storage dtype
+    text_global: torch.Tensor  # (Nt, D) float32
+    text_tokens: torch.Tensor  # (Nt, L, D) storage dtype
+    text_mask: torch.Tensor  # (Nt, L) bool
+    local_idx: torch.Tensor  # (N, K) long, -1 where image i has fewer than K pairs
+    context_idx: torch.Tensor  # (N, K) long
+
+    def __len__(self) -> int:
+        return self.image_global.shape[0]
+
+    def batch(self, idx: torch.Tensor) -> TrainBatch:
+        """Gathers a batch of images `idx` (B,) into float32 tensors."""
+        li, ci = self.local_idx[idx], self.context_idx[idx]  # (B, K)
+        mask = li >= 0  # (B, K)
+        li, ci = li.clamp_min(0), ci.clamp_min(0)
+        ctx_mask = self.text_mask[ci] & mask[..., None]  # (B, K, L)
+        used = int(ctx_mask.any(0).any(0).nonzero().max()) + 1 if ctx_mask.any() else 1
+        return TrainBatch(image_global=self.image_global[idx], patches=self.patches[idx].float(),
+                          local=self.text_global[li], local_mask=mask,
+                          ctx_tokens=self.text_tokens[ci][:, :, :used].float(), ctx_mask=ctx_mask[:, :, :used])
+
+
+def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition], max_pairs: int = 5) -> PairTable:
+    """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache."""
+    fc = FeatureCache(cache)
+    image_ids, images = fc.images(dtype=None)
+    text_ids, texts = fc.texts(dtype=None)
+    text_index = {t: i for i, t in enumerate(text_ids)}
+    missing_dec = [i for i in image_ids if i not in decompositions]
+    if missing_dec:
+        raise ValueError(f"{len(missing_dec)} cached images have no decomposition, e.g. {missing_dec[:3]}")
+    K = min(max_pairs, max(len(decompositions[i].pairs) for i in image_ids))
+    local_idx = torch.full((len(image_ids), K), -1, dtype=torch.long)
+    context_idx = torch.full((len(image_ids), K), -1, dtype=torch.long)
+    missing_text = set()
+    for n, i in enumerate(image_ids):
+        for k, pair in enumerate(decompositions[i].pairs[:K]):
+            if pair.local not in text_index or pair.context not in text_index:
+                missing_text.update(t for t in (pair.local, pair.context) if t not in text_index)
+                continue
+            local_idx[n, k], context_idx[n, k] = text_index[pair.local], text_index[pair.context]
+    if missing_text:
+        raise ValueError(f"{len(missing_text)} local/contextual captions are not in the feature cache {cache}, "
+                         f"e.g. {sorted(missing_text)[:2]}; re-extract it with these decompositions")
+    empty = int((local_idx < 0).all(1).sum())
+    if empty:
+        raise ValueError(f"{empty} images have no usable (local, context) pair")
+    return PairTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask, local_idx, context_idx)

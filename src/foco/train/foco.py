@@ -1,0 +1,101 @@
+"""FoCo's two-stage training (paper §4.1): stage 1 trains F_Aggr alone with L_aggr; stage 2 trains F_Aggr and
+F_Comp jointly with L_aggr + L_comp and a learning rate per module. AdamW, linear warm-up then cosine decay within
+each stage, gradient clipping, seeded, through `foco.train.loop`: the state (weights, optimiser, RNGs, position) is
+written atomically after every epoch, and `resume=True` continues a killed run to the same weights as an
+uninterrupted one.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+
+from .data import PairTable
+from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+from .losses import foco_losses, plan_negatives
+from ..model import ComposedQueryEncoder, FoCoConfig
+from ..utils.io import atomic_write_text
+
+
+@dataclass
+class FoCoTrainConfig:
+    """Defaults are the paper's (CC3M, ViT-L/14); the quickstart overrides them for the small world."""
+
+    stage1_epochs: int = 3
+    stage2_epochs: int = 30
+    batch_size: int = 512
+    lr_stage1: float = 5e-4  # F_Aggr in stage 1
+    lr_aggr: float = 5e-5  # F_Aggr in stage 2
+    lr_comp: float = 3e-5  # F_Comp (and the loss temperatures) in stage 2
+    weight_decay: float = 0.05
+    warmup_frac: float = 0.05  # of each stage's steps
+    grad_clip: float = 1.0
+    max_negatives: int | None = None  # cap on cross-instance negatives per anchor; None: all B - 1
+    aggr_loss_in_stage2: bool = True  # False is ablation 2d
+    seed: int = 0
+    model: FoCoConfig = field(default_factory=FoCoConfig)
+
+
+def _optimizer(model: ComposedQueryEncoder, cfg: FoCoTrainConfig, stage: int) -> torch.optim.AdamW:
+    temps = [model.log_scale_aggr, model.bias_aggr] if stage == 1 else \
+        [model.log_scale_aggr, model.bias_aggr, model.log_scale_comp, model.bias_comp]
+    temps = [p for p in temps if p.requires_grad]
+    if stage == 1:
+        groups = [{"params": list(model.aggr.parameters()) + temps, "lr": cfg.lr_stage1}]
+    else:
+        groups = [{"params": list(model.aggr.parameters()), "lr": cfg.lr_aggr},
+                  {"params": list(model.comp.parameters()) + temps, "lr": cfg.lr_comp}]
+    return torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+
+
+def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, gen: torch.Generator,
+           stage: int) -> Phase:
+    with_comp = stage == 2
+
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,)
+        batch = table.batch(idx)
+        return foco_losses(model, batch, plan_negatives(batch.local_mask, cfg.max_negatives, gen), with_comp)
+
+    def temperatures(_: int) -> dict:
+        return {"tau_aggr": 1 / model.log_scale_aggr.exp().item(), "tau_comp": 1 / model.log_scale_comp.exp().item(),
+                "bias_aggr": model.bias_aggr.item(), "bias_comp": model.bias_comp.item()}
+
+    return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs,
+                 optimizer=lambda: _optimizer(model, cfg, stage), step=step,
+                 objective="comp" if with_comp and not cfg.aggr_loss_in_stage2 else "loss",
+                 tag={"stage": stage}, record=temperatures)
+
+
+def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
+               meta: dict | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None
+               ) -> ComposedQueryEncoder:
+    """Trains on `table`, writes `out`/foco.safetensors + foco.json, the log and the loss curve; returns the model.
+
+    `cfg` is not modified (the width is set on a copy). `meta` (e.g. the backbone spec) is stored in foco.json.
+    `on_step(global_step, losses)` is called after each step, counting from 0 across both stages.
+    """
+    out = Path(out)
+    refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
+    cfg = replace(cfg, model=replace(cfg.model, dim=int(table.image_global.shape[1])))
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the negatives
+    model = ComposedQueryEncoder(cfg.model)
+    loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo",
+                      plot_keys=("aggr", "comp"), plot_title="FoCo training loss per epoch (stage 1, then stage 2)")
+    run(model, [_stage(model, table, cfg, gen, 1), _stage(model, table, cfg, gen, 2)], out, loop, rng, resume, gen,
+        on_step)
+    model.save(out)
+    _add_meta(out, {"train": {k: v for k, v in asdict(cfg).items() if k != "model"}, **(meta or {})})
+    return model
+
+
+def _add_meta(out: Path, meta: dict) -> None:
+    path = out / "foco.json"
+    data = json.loads(path.read_text())
+    data.update(meta)
+    atomic_write_text(path, json.dumps(data, indent=2) + "\n")

@@ -1,0 +1,167 @@
+"""The one training loop of FoCo, Pic2Word and the world backbone: a list of `Phase`s (FoCo's two stages, one phase
+elsewhere), each with its own optimiser and schedule, `lr = base_lr * lr_factor(step, T, warmup_frac)` over its
+T = epochs x steps-per-epoch steps. Each epoch permutes the N examples with the numpy generator and feeds `step`
+batches of B indices (dropping a last partial one); after it the loop appends a record to `out`/train_log.jsonl,
+redraws the loss curve if asked and saves `out`/train_state, from which `resume=True` reaches the same weights as
+an uninterrupted run.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable
+
+import numpy as np
+import torch
+
+from ..utils.checkpoint import STATE_JSON, has_training_state, load_training_state, save_training_state
+from ..utils.io import read_json
+from ..utils.plot import plot_curves
+from ..utils.progress import Bar
+
+log = logging.getLogger(__name__)
+
+Losses = dict[str, torch.Tensor]  # name -> scalar loss
+OnStep = Callable[[int, dict[str, float]], None]  # (global step from 0 over all phases, losses)
+
+
+def lr_factor(step: int, total: int, warmup_frac: float) -> float:
+    """The multiplier of the base learning rate at `step` (from 0) of `total`: linear warm-up, then cosine."""
+    warm = max(1, int(total * warmup_frac))
+    if step < warm:
+        return (step + 1) / warm
+    return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+@dataclass
+class Phase:
+    """A stretch of training with one optimiser and one schedule."""
+
+    epochs: int
+    optimizer: Callable[[], torch.optim.Optimizer]  # built when the phase starts or resumes; base_lr defaults to lr
+    step: Callable[[torch.Tensor], Losses]  # batch indices (B,) long -> scalar losses, with grad
+    objective: str = "loss"  # the loss that is backpropagated; all are logged
+    tag: dict = field(default_factory=dict)  # e.g. {"stage": 1}: names the phase in the state, log and progress bar
+    record: Callable[[int], dict] = lambda global_step: {}  # extra log fields after an epoch
+    clip_params: Callable[[], Iterable[torch.nn.Parameter]] | None = None  # clipped together; None: the optimiser's
+
+
+@dataclass
+class LoopConfig:
+    n: int  # N, examples per epoch
+    batch_size: int  # B (at most N)
+    warmup_frac: float = 0.05  # of each phase's steps
+    grad_clip: float = 1.0  # max total gradient norm
+    max_steps: int | None = None  # cap on each phase's steps; its schedule ends there
+    name: str = "training"  # in log lines and progress bars, e.g. "FoCo"
+    plot_keys: tuple[str, ...] = ()  # losses drawn per epoch into loss_curve.png; () draws nothing
+    plot_title: str = ""
+
+
+def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
+    if has_training_state(out / "train_state") and not resume:
+        raise FileExistsError(f"{out} holds a training run; {hint}")
+
+
+def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopConfig, rng: np.random.Generator,
+        resume: bool = False, generator: torch.Generator | None = None, on_step: OnStep | None = None,
+        on_epoch: Callable[[dict], None] | None = None) -> None:
+    """Trains `model` through `phases` and leaves it in eval mode. `generator`, a torch RNG the steps draw from, is
+    saved and restored with the state. `on_epoch(record)` follows each epoch's log record."""
+    out, B = Path(out), min(cfg.batch_size, cfg.n)
+    steps = cfg.n // B
+    totals = [p.epochs * steps if cfg.max_steps is None else min(cfg.max_steps, p.epochs * steps) for p in phases]
+    first, epoch0, opt = 0, 0, None
+    if resume and has_training_state(out / "train_state"):
+        first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    for i, phase in enumerate(phases[first:], first):
+        opt, done = (opt, epoch0 * steps) if i == first and opt is not None else (_optimizer(phase), 0)
+        for epoch in range(done // steps, phase.epochs):
+            if done >= totals[i]:
+                break
+            model.train()
+            perm = torch.from_numpy(rng.permutation(cfg.n))  # (N,)
+            batches = [perm[s * B:(s + 1) * B] for s in range(min(steps, totals[i] - done))]  # each (B,)
+            desc = " ".join([cfg.name, *_words(phase.tag), f"epoch {epoch + 1}/{phase.epochs}"])
+            means = _epoch(phase, opt, batches, cfg, range(done, totals[i]), sum(totals[:i]), desc, on_step)
+            done += len(batches)
+            rec = {**phase.tag, "epoch": epoch + 1, **means, **phase.record(sum(totals[:i]) + done),
+                   "elapsed_s": round(time.time() - t0, 2)}
+            _end_epoch(out, model, opt, rng, generator, cfg, rec, {**phase.tag, "epoch": epoch + 1})
+            if on_epoch is not None:
+                on_epoch(rec)
+    model.eval()
+
+
+def _words(tag: dict) -> list[str]:
+    return [f"{k} {v}" for k, v in tag.items()]
+
+
+def _optimizer(phase: Phase) -> torch.optim.Optimizer:
+    opt = phase.optimizer()
+    for g in opt.param_groups:
+        g.setdefault("base_lr", g["lr"])
+    return opt
+
+
+def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: np.random.Generator,
+             generator: torch.Generator | None, name: str) -> tuple[int, int, torch.optim.Optimizer]:
+    """Loads the state into `model`, the RNGs and a new optimiser of the saved phase: (phase, epochs done, opt)."""
+    saved = read_json(state_dir / STATE_JSON)["progress"]
+    i = next((i for i, p in enumerate(phases) if all(saved.get(k) == v for k, v in p.tag.items())), None)
+    if i is None:
+        raise ValueError(f"{state_dir} stopped at {saved}, which is no phase of this run")
+    opt = _optimizer(phases[i])
+    base = [g["base_lr"] for g in opt.param_groups]
+    restored = load_training_state(state_dir, model, opt, rng)
+    for g, b in zip(opt.param_groups, base):
+        g.setdefault("base_lr", b)  # states saved before the loop existed have none
+    if generator is not None:
+        generator.set_state(restored["extra_tensors"]["generator"])
+    log.info("resuming %s training%s after epoch %d", name, "".join(f" at {w}" for w in _words(phases[i].tag)),
+             restored["epoch"])
+    return i, int(restored["epoch"]), opt
+
+
+def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor], cfg: LoopConfig,
+           schedule: range, offset: int, desc: str, on_step: OnStep | None) -> dict[str, float]:
+    """One epoch's steps (`schedule`: the phase's steps from here to its end); returns each loss's mean."""
+    params = list(phase.clip_params() if phase.clip_params else (p for g in opt.param_groups for p in g["params"]))
+    sums: dict[str, float] = {}
+    with Bar(len(batches), desc) as bar:
+        for idx, step in zip(batches, schedule):
+            factor = lr_factor(step, schedule.stop, cfg.warmup_frac)
+            for g in opt.param_groups:
+                g["lr"] = g["base_lr"] * factor
+            losses = phase.step(idx)
+            opt.zero_grad(set_to_none=True)
+            losses[phase.objective].backward()
+            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            opt.step()
+            values = {k: v.item() for k, v in losses.items()}
+            for k, v in values.items():
+                sums[k] = sums.get(k, 0.0) + v
+            bar.update(1)
+            if on_step is not None:
+                on_step(offset + step, values)
+    return {k: v / max(1, len(batches)) for k, v in sums.items()}
+
+
+def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
+               generator: torch.Generator | None, cfg: LoopConfig, rec: dict, progress: dict) -> None:
+    log.info("%s %s", cfg.name, rec)
+    with (out / "train_log.jsonl").open("a") as f:
+        f.write(json.dumps(rec) + "\n")
+    save_training_state(out / "train_state", model, opt, rng, progress,
+                        extra_tensors=None if generator is None else {"generator": generator.get_state()})
+    if cfg.plot_keys:
+        recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
+        series = {k: [r.get(k) for r in recs] for k in cfg.plot_keys}
+        plot_curves(out / "loss_curve.png", {k: v for k, v in series.items() if any(x is not None for x in v)},
+                    title=cfg.plot_title, xlabel="epoch")

@@ -1,0 +1,97 @@
+"""The cross-instance sigmoid objectives of FoCo (paper §3.3, eqs. 2-4), computed batched over the B x B grid.
+
+    phi±(u, v) = log sigmoid(±(sim(u, v) / tau + b))       (b = 0 unless the learnable bias is switched on)
+
+    L_aggr_i = -[ Σ_k phi+(v_loc(i | c_ik), c_ik) + Σ_{j≠i} phi-(v_loc(i | c_jk'), c_jk') ]
+    L_comp_i = -[ Σ_k phi+(h(i | c_ik, X_ik), v_g_i) + Σ_{j≠i} phi-(h(i | c_jk', X_jk'), v_g_j) ]
+
+k' is one local caption sampled per image j and step. The negatives pair image i with image j's anchor *and* score
+against j's own text (L_aggr) or j's own image (L_comp), so that neither the text alone nor the image alone can
+tell a positive from a negative. Losses are averaged over the B anchors. No Python loop runs over pairs: the grid
+is a batch of F_Aggr queries (images x texts) and a batch of F_Comp queries (contexts x images).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from ..model.encoder import ComposedQueryEncoder
+
+
+@dataclass
+class TrainBatch:
+    """Cached features of B images with up to K (local, context) pairs each."""
+
+    image_global: torch.Tensor  # (B, D) v_g, normalised
+    patches: torch.Tensor  # (B, P, D)
+    local: torch.Tensor  # (B, K, D) c_ik, normalised text globals of the local captions
+    local_mask: torch.Tensor  # (B, K) bool, True where pair k exists
+    ctx_tokens: torch.Tensor  # (B, K, L, D) token features of X_ik
+    ctx_mask: torch.Tensor  # (B, K, L) bool
+
+
+@dataclass
+class NegativePlan:
+    """Which negatives one step uses: the sampled k' of every image, and the columns j of the grid."""
+
+    neg_k: torch.Tensor  # (B,) long, index of the sampled local caption of each image j
+    columns: torch.Tensor  # (M,) long, images j whose anchors are used as negatives (all B unless capped)
+
+
+def plan_negatives(local_mask: torch.Tensor, max_negatives: int | None = None,
+                   generator: torch.Generator | None = None) -> NegativePlan:
+    """Samples k' uniformly among each image's existing pairs; caps the grid at `max_negatives` + 1 columns."""
+    B, K = local_mask.shape
+    weights = local_mask.float()
+    neg_k = torch.multinomial(weights, 1, generator=generator)[:, 0]  # (B,)
+    if max_negatives is None or max_negatives >= B - 1:
+        columns = torch.arange(B)
+    else:
+        columns = torch.randperm(B, generator=generator)[: max_negatives + 1].sort().values
+    return NegativePlan(neg_k, columns)
+
+
+def _phi(logits: torch.Tensor, sign: float) -> torch.Tensor:
+    return F.logsigmoid(sign * logits)
+
+
+def _scale(log_scale: torch.Tensor) -> torch.Tensor:
+    return log_scale.exp().clamp(max=100.0)
+
+
+def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePlan, with_comp: bool
+                ) -> dict[str, torch.Tensor]:
+    """L_aggr (always) and L_comp (stage 2). Returns {"loss", "aggr", "comp"} as scalars."""
+    B, K, D = batch.local.shape
+    rows = torch.arange(B)
+    J = plan.columns
+    kv = model.aggr.keys_values(batch.patches)
+    # positives: every local caption of its own image
+    v_pos, bg_pos, _ = model.aggr(batch.local, batch.image_global, batch.patches, kv)  # (B, K, D) x2
+    # negatives: image i anchored by the sampled caption of image j
+    c_neg = batch.local[rows, plan.neg_k]  # (B, D), c_jk'
+    anchors = c_neg[J]  # (M, D)
+    v_neg, bg_neg, _ = model.aggr(anchors[None].expand(B, -1, -1), batch.image_global, batch.patches, kv)  # (B, M, D)
+    valid = J[None, :] != rows[:, None]  # (B, M), j ≠ i
+
+    s_a, b_a = _scale(model.log_scale_aggr), model.bias_aggr
+    pos = s_a * F.cosine_similarity(v_pos, batch.local, dim=-1) + b_a  # (B, K)
+    neg = s_a * F.cosine_similarity(v_neg, anchors[None], dim=-1) + b_a  # (B, M)
+    l_aggr = -((_phi(pos, 1) * batch.local_mask).sum(1) + (_phi(neg, -1) * valid).sum(1)).mean()
+    out = {"aggr": l_aggr}
+    if with_comp:
+        L = batch.ctx_tokens.shape[2]
+        h_pos = model.comp(v_pos.reshape(B * K, 1, D), bg_pos.reshape(B * K, 1, D),
+                           batch.ctx_tokens.reshape(B * K, L, D), batch.ctx_mask.reshape(B * K, L))  # (B*K, 1, D)
+        h_pos = h_pos.view(B, K, D)
+        x_neg, x_neg_mask = batch.ctx_tokens[rows, plan.neg_k][J], batch.ctx_mask[rows, plan.neg_k][J]  # (M, L, D)
+        h_neg = model.comp(v_neg.transpose(0, 1), bg_neg.transpose(0, 1), x_neg, x_neg_mask)  # (M, B, D)
+        h_neg = h_neg.transpose(0, 1)  # (B, M, D)
+        s_c, b_c = _scale(model.log_scale_comp), model.bias_comp
+        pos_c = s_c * (h_pos * batch.image_global[:, None, :]).sum(-1) + b_c  # (B, K)
+        neg_c = s_c * (h_neg * batch.image_global[J][None]).sum(-1) + b_c  # (B, M): vs v_g of j
+        out["comp"] = -((_phi(pos_c, 1) * batch.local_mask).sum(1) + (_phi(neg_c, -1) * valid).sum(1)).mean()
+    out["loss"] = out["aggr"] + out.get("comp", 0.0)
+    return out

@@ -1,0 +1,71 @@
+"""Training Pic2Word's mapping network phi (`foco pic2word train`): images alone, the frozen text tower, the
+symmetric contrastive loss of `foco.methods.pic2word` on "a photo of *"."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..backbones.pseudo import PseudoTokenBackbone
+from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
+from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+
+
+@dataclass
+class Pic2WordTrainConfig:
+    epochs: int = 5
+    batch_size: int = 128
+    lr: float = 1e-4  # the paper's
+    weight_decay: float = 0.1  # the paper's
+    warmup_frac: float = 0.05
+    grad_clip: float = 1.0
+    temperature: float | None = None  # tau of the loss; None: the backbone's own learned one (CLIP's ~0.01)
+    max_steps: int | None = None  # stop early (smoke tests)
+    seed: int = 0
+    model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
+
+
+def backbone_temperature(backbone: object) -> float:
+    """The backbone's learned contrastive temperature (1 / exp(logit_scale)), or 0.07 when it has none."""
+    scale = getattr(getattr(backbone, "model", None), "logit_scale", None)
+    return float(1.0 / scale.detach().exp().clamp(max=100.0)) if scale is not None else 0.07
+
+
+def pic2word_loss(image_global: torch.Tensor, text_global: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Symmetric InfoNCE between B images and the B texts built from their pseudo words; both (B, D) normalised."""
+    logits = image_global @ text_global.t() / temperature  # (B, B)
+    labels = torch.arange(logits.shape[0])
+    return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
+
+
+def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,
+                   cfg: Pic2WordTrainConfig | None = None, resume: bool = False) -> Pic2WordMapper:
+    """Trains phi on N cached image globals (N, D) with the frozen `backbone`'s text tower; writes `out`/
+    pic2word.safetensors + pic2word.json and train_log.jsonl. The state is saved after every epoch; `resume=True`
+    continues a killed run. `cfg` is not modified (the dimensions are set on a copy)."""
+    cfg = cfg if cfg is not None else Pic2WordTrainConfig()
+    out = Path(out)
+    refuse_overwrite(out, resume, "resume it or choose another output folder")
+    cfg = replace(cfg, model=replace(cfg.model, image_dim=int(image_global.shape[1]),
+                                     token_dim=int(backbone.token_dim)))
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    mapper = Pic2WordMapper(cfg.model)
+    tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
+    n, B = image_global.shape[0], min(cfg.batch_size, image_global.shape[0])
+    prompts = [cfg.model.train_prompt] * B
+
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,)
+        v = image_global[idx].float()  # (B, D)
+        text = backbone.encode_texts_with_tokens(prompts, mapper(v), cfg.model.placeholder)  # (B, D)
+        return {"loss": pic2word_loss(F.normalize(v, dim=-1), text.global_, tau)}
+
+    phase = Phase(cfg.epochs, lambda: torch.optim.AdamW(mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
+                  step, record=lambda steps: {"steps": steps, "temperature": tau})
+    run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word"), rng,
+        resume)
+    mapper.save(out, {"backbone": backbone.spec, "train": {k: v for k, v in asdict(cfg).items() if k != "model"}})
+    return mapper

@@ -1,0 +1,161 @@
+"""The shared training loop: its schedule, global steps, resume, and trainers that leave their config alone."""
+import copy
+import json
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from foco.train.loop import LoopConfig, Phase, lr_factor, refuse_overwrite, run
+
+N, B = 20, 6  # 3 steps an epoch, the last 2 examples dropped
+
+
+def _slow_schedule(total: int, warmup_frac: float) -> list[float]:
+    """The whole schedule step by step, straight from its definition (and the same float arithmetic)."""
+    warm = max(1, int(total * warmup_frac))  # at least one warm-up step
+    warmup = [(step + 1) / warm for step in range(min(warm, total))]
+    cosine = [0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm))) for step in range(warm, total)]
+    return warmup + cosine
+
+
+@pytest.mark.parametrize("total", [1, 2, 3, 7, 20, 72, 234, 1000])
+@pytest.mark.parametrize("warmup_frac", [0.0, 0.05, 0.3, 1.0])
+def test_lr_factor_matches_its_definition(total, warmup_frac):
+    assert [lr_factor(s, total, warmup_frac) for s in range(total)] == _slow_schedule(total, warmup_frac)
+
+
+def _toy(log: dict | None = None):
+    """A small MLP with dropout on fixed random data, two phases (AdamW on "loss", then SGD on "double"), a torch
+    generator drawn from in every step. `log` collects the lr of every step per stage."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+    data = torch.Generator().manual_seed(1)
+    x, y = torch.randn(N, 4, generator=data), torch.randn(N, 1, generator=data)  # (N, 4), (N, 1)
+    gen = torch.Generator().manual_seed(2)
+    opts = {}
+
+    def phase(stage: int, epochs: int, make) -> Phase:
+        def optimizer():
+            opts[stage] = make()
+            return opts[stage]
+
+        def step(idx):
+            if log is not None:
+                log.setdefault(stage, []).append(opts[stage].param_groups[0]["lr"])
+            loss = F.mse_loss(model(x[idx] + 0.1 * torch.randn(len(idx), 4, generator=gen)), y[idx])
+            return {"loss": loss, "double": 2 * loss}
+        return Phase(epochs, optimizer, step, objective="loss" if stage == 1 else "double", tag={"stage": stage},
+                     record=lambda global_step: {"seen": global_step})
+
+    phases = [phase(1, 2, lambda: torch.optim.AdamW(model.parameters(), lr=1e-2)),
+              phase(2, 3, lambda: torch.optim.SGD(model.parameters(), lr=5e-2, momentum=0.9))]
+    return model, phases, gen
+
+
+class _Killed(Exception):
+    pass
+
+
+def _run(out, resume=False, stop_after: int | None = None, log: dict | None = None, on_step=None, **loop_cfg):
+    """Trains the toy in `out`; `stop_after` epochs (counted in this call) kills it after the state is saved."""
+    model, phases, gen = _toy(log)
+    epochs = []
+
+    def on_epoch(rec):
+        epochs.append(rec)
+        if len(epochs) == stop_after:
+            raise _Killed
+    try:
+        run(model, phases, out, LoopConfig(N, B, warmup_frac=0.3, **loop_cfg), np.random.default_rng(0), resume, gen,
+            on_step=on_step, on_epoch=on_epoch)
+    except _Killed:
+        pass
+    return model
+
+
+@pytest.mark.parametrize("stop_after", [1, 2, 3, 4])
+def test_resume_reaches_the_same_weights(tmp_path, stop_after):
+    straight = _run(tmp_path / "straight")
+    _run(tmp_path / "killed", stop_after=stop_after)
+    with pytest.raises(FileExistsError):
+        refuse_overwrite(tmp_path / "killed", False, "resume it")
+    resumed = _run(tmp_path / "killed", resume=True)
+    for a, b in zip(straight.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    log = [json.loads(line) for line in (tmp_path / "killed" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["epoch"]) for r in log] == [(1, 1), (1, 2), (2, 1), (2, 2), (2, 3)]
+    assert list(log[0]) == ["stage", "epoch", "loss", "double", "seen", "elapsed_s"]
+    assert [r["seen"] for r in log] == [3, 6, 9, 12, 15]
+
+
+def test_each_phase_has_its_own_schedule_and_on_step_counts_globally(tmp_path):
+    lrs, steps = {}, []
+    model = _run(tmp_path / "a", log=lrs, plot_keys=("loss", "nothing"), on_step=lambda s, losses: steps.append(s))
+    assert not model.training
+    assert steps == list(range(2 * 3 + 3 * 3))
+    assert lrs[1] == [1e-2 * f for f in _slow_schedule(6, 0.3)]
+    assert lrs[2] == [5e-2 * f for f in _slow_schedule(9, 0.3)]
+    assert (tmp_path / "a" / "loss_curve.png").stat().st_size > 1000
+
+
+def test_max_steps_ends_each_phase_and_its_schedule(tmp_path):
+    lrs = {}
+    _run(tmp_path / "a", log=lrs, max_steps=4)
+    assert lrs[1] == [1e-2 * f for f in _slow_schedule(4, 0.3)] and len(lrs[2]) == 4
+    log = [json.loads(line) for line in (tmp_path / "a" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["stage"], r["epoch"], r["seen"]) for r in log] == [(1, 1, 3), (1, 2, 4), (2, 1, 7), (2, 2, 8)]
+
+
+class _FakeTextTower:
+    """A pseudo-token backbone in miniature: the text feature is a fixed projection of the inserted token."""
+
+    spec, token_dim = "fake", 12
+
+    def __init__(self):
+        self.proj = torch.randn(12, 16, generator=torch.Generator().manual_seed(3))
+
+    def encode_texts_with_tokens(self, texts, embeddings, placeholder="*"):
+        return SimpleNamespace(global_=F.normalize(embeddings @ self.proj, dim=-1))  # (B, 16)
+
+
+def test_pic2word_leaves_its_config_alone(tmp_path):
+    from foco.methods.pic2word import Pic2WordConfig
+    from foco.train.pic2word import Pic2WordTrainConfig, train_pic2word
+    cfg = Pic2WordTrainConfig(epochs=2, batch_size=8, max_steps=5, model=Pic2WordConfig(hidden_dim=8))
+    before = copy.deepcopy(cfg)
+    v = F.normalize(torch.randn(30, 16, generator=torch.Generator().manual_seed(0)), dim=-1)  # (N, D)
+    mapper = train_pic2word(v, _FakeTextTower(), tmp_path / "p2w", cfg)
+    assert cfg == before and mapper.cfg.image_dim == 16 and mapper.cfg.token_dim == 12
+    log = [json.loads(line) for line in (tmp_path / "p2w" / "train_log.jsonl").read_text().splitlines()]
+    assert [r["steps"] for r in log] == [3, 5]
+
+
+def _pair_table(n: int = 24, d: int = 16, k: int = 2, nt: int = 40):
+    from foco.train.data import PairTable
+    g = torch.Generator().manual_seed(0)
+    text_mask = torch.rand(nt, 5, generator=g) < 0.8  # (Nt, L)
+    text_mask[:, 0] = True
+    local = torch.randint(0, nt, (n, k), generator=g)  # (N, K)
+    local[::3, 1] = -1  # every third image has one pair only
+    return PairTable(F.normalize(torch.randn(n, d, generator=g), dim=-1), torch.randn(n, 9, d, generator=g),
+                     F.normalize(torch.randn(nt, d, generator=g), dim=-1), torch.randn(nt, 5, d, generator=g),
+                     text_mask, local, torch.where(local >= 0, (local + 1) % nt, local))
+
+
+def test_foco_leaves_its_config_alone_and_counts_steps_over_both_stages(tmp_path):
+    from foco.model import FoCoConfig
+    from foco.train.foco import FoCoTrainConfig, train_foco
+    cfg = FoCoTrainConfig(stage1_epochs=1, stage2_epochs=2, batch_size=8, max_negatives=3,
+                          model=FoCoConfig(heads=2, comp_depth=1, learn_bias=True))
+    before = copy.deepcopy(cfg)
+    steps = []
+    model = train_foco(_pair_table(), tmp_path / "foco", cfg, on_step=lambda s, losses: steps.append((s, set(losses))))
+    assert cfg == before and model.cfg.dim == 16
+    assert [s for s, _ in steps] == list(range(3 * 3))
+    assert steps[0][1] == {"aggr", "loss"} and steps[-1][1] == {"aggr", "comp", "loss"}
+    meta = json.loads((tmp_path / "foco" / "foco.json").read_text())
+    assert meta["config"]["dim"] == 16 and meta["train"]["stage2_epochs"] == 2
