@@ -1,6 +1,6 @@
 """Training-step speed of FoCo's batched cross-instance losses.
 
-1. The batched step against the per-pair reference (foco.reference) at B = 64 and B = 128, forward + backward,
+1. The batched step against the per-pair reference (foco.naive) at B = 64 and B = 128, forward + backward,
    timed side by side in one run; the ratio is of medians.
 2. Steps/s and peak memory of the batched step at B = 512 (all 511 negatives per anchor, and capped).
 
@@ -18,7 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from foco.train.losses import TrainBatch, foco_losses, plan_negatives
+from foco.train.data import TrainBatch
+from foco.train.losses import foco_losses, plan_negatives
 from foco.model import ComposedQueryEncoder, FoCoConfig
 from foco.naive import losses_per_pair
 

@@ -511,7 +511,7 @@ def test_circo_submission_ids_lengths_and_size(tmp_path):
 def test_speed_script_runs_small(tiny_world, models, capsys):
     import importlib.util
     from pathlib import Path
-    path = Path(__file__).parents[1] / "benchmarks" / "bench_benchmarks.py"
+    path = Path(__file__).parents[1] / "experiments" / "bench_benchmarks.py"
     spec = importlib.util.spec_from_file_location("bench_benchmarks", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)

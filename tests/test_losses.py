@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 
 from foco.backbones.base import ImageFeatures, TextFeatures
-from foco.train.losses import TrainBatch, foco_losses, plan_negatives
+from foco.train.data import TrainBatch
+from foco.train.losses import foco_losses, plan_negatives
 from foco.model import ComposedQueryEncoder, FoCoConfig
 from foco.naive import aggr_one as naive_aggr, comp_one as naive_comp, losses_per_pair as slow_losses
 

@@ -10,10 +10,11 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .train.losses import NegativePlan, TrainBatch
 from .model.aggr import FAggr
 from .model.comp import FComp
 from .model.encoder import ComposedQueryEncoder
+from .train.data import TrainBatch
+from .train.losses import NegativePlan
 
 
 def aggr_one(aggr: FAggr, c: torch.Tensor, vg: torch.Tensor, patches: torch.Tensor

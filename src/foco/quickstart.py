@@ -17,7 +17,7 @@ from .benchmarks.world import read_world
 from .decompose import build_decomposer
 from .decompose.inputs import read_captions
 from .decompose.run import run_decompose
-from .eval.evaluate import EvalConfig, evaluate, world_cache_features
+from .eval.evaluate import EvalConfig, evaluate, label, world_cache_features
 from .eval.figures import retrieval_figure
 from .features import ExtractConfig
 from .methods import DEFAULT_METHODS, MethodOptions
@@ -123,15 +123,11 @@ def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, fi
             _figures(bench, composed, rankings, figures, n_figures)
 
     res = evaluate(read_world(world, split), world_cache_features(features), cfg, on_ranked=figure_hook)
-    return {"protocols": {label_of(p): {"queries": e["queries"], "gallery": e["gallery"]}
+    return {"protocols": {label(p): {"queries": e["queries"], "gallery": e["gallery"]}
                           for p, e in res["parts"].items()},
             "methods": res["methods"],
             "R@1_by_edit_type": {name: {t: round(v, 2) for t, v in by_type.items()}
                                  for name, by_type in res["parts"]["world/single"]["R@1_by_category"].items()}}
-
-
-def label_of(part: str) -> str:
-    return part.rsplit("/", 1)[-1]
 
 
 def _figures(bench: CIRBenchmark, composed, rankings, folder: Path, n: int) -> None:

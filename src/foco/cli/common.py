@@ -19,8 +19,8 @@ def checkpoint_backbone(checkpoint: str | Path | None) -> str | None:
     """The backbone spec a FoCo checkpoint records (foco.json), or None."""
     if not checkpoint:
         return None
-    from ..utils.io import read_json
-    return read_json(Path(checkpoint) / "foco.json").get("backbone")
+    from ..model.encoder import checkpoint_meta
+    return checkpoint_meta(checkpoint).get("backbone")
 
 
 def add_decomposition_args(p: argparse.ArgumentParser) -> None:

@@ -63,10 +63,10 @@ def world_cache_features(features: Path) -> FeatureSource:
     from ..benchmarks.world import world_features
 
     def source(bench: CIRBenchmark) -> PartFeatures:
-        cache = Path(features) / f"{bench.split}-{bench.name.split('/')[-1]}"
+        cache = Path(features) / f"{bench.split}-{label(bench.name)}"
         if not (cache / "manifest.json").is_file():
             raise ValueError(f"no features for {bench.name} {bench.split} in {cache}: `foco features extract "
-                             f"--split {bench.split}/{bench.name.split('/')[-1]} --out {cache} ...`")
+                             f"--split {bench.split}/{label(bench.name)} --out {cache} ...`")
         return world_features(bench, cache)
     return source
 
@@ -82,9 +82,9 @@ def val_parts(read_val: Callable[[], list[CIRBenchmark]], features: FeatureSourc
     return source
 
 
-def label(bench: CIRBenchmark) -> str:
+def label(part: str) -> str:
     """The short name of a part in reports: "single" for world/single, "dress" for fashioniq/dress."""
-    return bench.name.rsplit("/", 1)[-1]
+    return part.rsplit("/", 1)[-1]
 
 
 def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig, backbone_spec: str | None = None,
@@ -143,7 +143,7 @@ def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBench
 
 def _chosen_slerp(bench: CIRBenchmark, cfg: EvalConfig, chosen: dict) -> QueryMethod:
     alpha, _ = choose_alpha(*_val_part(bench, cfg, "slerp's alpha"))
-    chosen[f"slerp alpha ({label(bench)})"] = alpha
+    chosen[f"slerp alpha ({label(bench.name)})"] = alpha
     return build_method("slerp", opts=replace(cfg.options, slerp_alpha=alpha))
 
 
@@ -155,7 +155,7 @@ def _chord(name: str, method: QueryMethod, bench: CIRBenchmark, feats: PartFeatu
     if lam == "val":
         vb, vf = _val_part(bench, cfg, "Chord's lambda")
         lam, _ = choose_lambda(compose(method, vb, vf, cfg.compose_batch).query, vb, vf)
-        chosen[f"chord lambda {name} ({label(bench)})"] = lam
+        chosen[f"chord lambda {name} ({label(bench.name)})"] = lam
     refs = feats.references.global_[reference_rows(bench, feats)].float()  # (Q, D)
     return Chord(float(lam), refs, cfg.chord_shortlist)
 

@@ -77,11 +77,17 @@ class ComposedQueryEncoder(nn.Module):
     @staticmethod
     def load(path: str | Path) -> "ComposedQueryEncoder":
         from safetensors.torch import load_file
-        from ..utils.io import read_json
         path = Path(path)
-        meta = read_json(path / "foco.json")
-        if meta.get("model") != "foco":
-            raise ValueError(f"{path / 'foco.json'} is not a FoCo checkpoint config")
+        meta = checkpoint_meta(path)
         model = ComposedQueryEncoder(FoCoConfig(**meta["config"]))
         model.load_state_dict(load_file(str(path / "foco.safetensors")))
         return model.eval()
+
+
+def checkpoint_meta(path: str | Path) -> dict:
+    """A FoCo checkpoint's foco.json: its config and what training recorded (e.g. the "backbone" spec)."""
+    from ..utils.io import read_json
+    meta = read_json(Path(path) / "foco.json")
+    if meta.get("model") != "foco":
+        raise ValueError(f"{Path(path) / 'foco.json'} is not a FoCo checkpoint config")
+    return meta

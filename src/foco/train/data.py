@@ -9,9 +9,20 @@ import torch
 
 from ..decompose.schema import Decomposition
 from ..features import FeatureCache
-from .losses import TrainBatch
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainBatch:
+    """Cached features of B images with up to K (local, context) pairs each."""
+
+    image_global: torch.Tensor  # (B, D) v_g, normalised
+    patches: torch.Tensor  # (B, P, D)
+    local: torch.Tensor  # (B, K, D) c_ik, normalised text globals of the local captions
+    local_mask: torch.Tensor  # (B, K) bool, True where pair k exists
+    ctx_tokens: torch.Tensor  # (B, K, L, D) token features of X_ik
+    ctx_mask: torch.Tensor  # (B, K, L) bool
 
 
 @dataclass

@@ -18,18 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..model.encoder import ComposedQueryEncoder
-
-
-@dataclass
-class TrainBatch:
-    """Cached features of B images with up to K (local, context) pairs each."""
-
-    image_global: torch.Tensor  # (B, D) v_g, normalised
-    patches: torch.Tensor  # (B, P, D)
-    local: torch.Tensor  # (B, K, D) c_ik, normalised text globals of the local captions
-    local_mask: torch.Tensor  # (B, K) bool, True where pair k exists
-    ctx_tokens: torch.Tensor  # (B, K, L, D) token features of X_ik
-    ctx_mask: torch.Tensor  # (B, K, L) bool
+from .data import TrainBatch
 
 
 @dataclass

@@ -133,7 +133,7 @@ def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainC
         raise ValueError(f"pretrain split has {n} pairs, fewer than one batch of {cfg.batch_size}")
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
     phase = Phase(cfg.epochs, lambda: opt, _clip_step(model, images, states, mask),
-                  record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)
+                  record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
     run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone"), rng,
         resume)
     save_world_checkpoint(model, out, extra={"train": {k: v for k, v in asdict(cfg).items() if k != "model"},

@@ -1,0 +1,6 @@
+"""`python -m foco.cli` is `foco` too."""
+import sys
+
+from . import main
+
+sys.exit(main())
