@@ -1,7 +1,7 @@
 """The composed-query encoder: reference image + modification text -> one normalised query vector.
 
-The same object serves training (through `aggregate` and `complete` on batched grids), evaluation and retrieval
-(through `encode`). At inference the modification text plays both the anchor c and the context X (paper §3.4).
+The same object serves training (the losses call its `aggr` and `comp` modules on batched grids), evaluation and
+retrieval (through `encode`). At inference the modification text plays both the anchor c and the context X (§3.4).
 """
 from __future__ import annotations
 
