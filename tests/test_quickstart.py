@@ -34,7 +34,7 @@ def test_quickstart_tiny(tmp_path, capsys):
     import torch
     from foco import create_backbone
     from foco.features import FeatureCache
-    from foco.methods import Pic2WordMethod
+    from foco.methods.pic2word import Pic2WordMethod
     held_out = FeatureCache(out / "features" / "test-single").images()[1].global_[:128]  # (N, D)
     mapper, bb = Pic2WordMethod.load(out / "p2w").mapper, create_backbone(spec)
     with torch.no_grad():
