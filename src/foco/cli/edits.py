@@ -1,0 +1,60 @@
+"""`foco edits generate`: ITT triplets (source image, instruction, target caption, negatives) from decompositions."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _sources(a: argparse.Namespace) -> list:
+    """(source id, decomposition) of every input caption: from --decompositions, else the input's own (oracle)."""
+    from ..decompose import DecompositionStore
+    from ..decompose.inputs import read_captions
+    records = read_captions(a.inp, split=a.split)
+    if a.limit:
+        records = records[:a.limit]
+    if a.decompositions is None:
+        if any(r.truth is None for r in records):
+            raise ValueError(f"{a.inp} carries no decompositions: pass --decompositions STORE (`foco decompose`)")
+        return [(r.id, r.truth) for r in records]
+    if not Path(a.decompositions).is_file():
+        raise FileNotFoundError(f"decomposition store not found: {a.decompositions} (run `foco decompose`)")
+    with DecompositionStore(a.decompositions) as store:
+        found = store.get_many(store.resolve(a.decomposer), [r.caption for r in records])
+    return [(r.id, found[r.caption]) for r in records]
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from ..edits import WRITERS
+    from ..edits.run import GenerateConfig, run_generate
+    writer = WRITERS.get(a.writer)(templates=a.templates)
+    cfg = GenerateConfig(per_caption=a.per_caption, seed=a.seed, min_shared_heads=a.min_shared_heads,
+                         batch_size=a.batch_size)
+    stats = run_generate(_sources(a), writer, a.out, cfg)
+    print(stats.summary())
+    print(f"store: {a.out} (settings id {stats.settings_id})")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..decompose import DECOMPOSERS
+    from ..edits import WRITERS
+    ed = sub.add_parser("edits", help="edit supervision written from captions").add_subparsers(dest="action",
+                                                                                             required=True)
+    g = ed.add_parser("generate", help="ITT triplets (instruction, target caption, negatives) from decompositions")
+    g.add_argument("--in", dest="inp", required=True,
+                   help="the captions with their image ids (CSV / TSV / JSONL, or a world folder: its --split)")
+    g.add_argument("--decompositions", default=None,
+                   help="SQLite store of `foco decompose` (default: the decompositions the input carries)")
+    g.add_argument("--decomposer", default="oracle", help=f"whose decompositions to read: {DECOMPOSERS.names()}")
+    g.add_argument("--split", default="train", help="with a world folder: which pairs split (never val or test)")
+    g.add_argument("--out", required=True, help="SQLite store of triplets (created or resumed)")
+    g.add_argument("--writer", default="rule", choices=WRITERS.names())
+    g.add_argument("--templates", default="train", choices=["train", "heldout"],
+                   help="rule writer: its training templates, or the held-out set training never sees")
+    g.add_argument("--per-caption", type=int, default=1, help="edits per source caption")
+    g.add_argument("--min-shared-heads", type=int, default=2,
+                   help="attribute words are of one kind when they modify this many common head nouns")
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--limit", type=int, default=None, help="only the first N captions")
+    g.add_argument("--batch-size", type=int, default=256, help="source captions per store transaction")
+    g.set_defaults(func=_generate)

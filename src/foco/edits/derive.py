@@ -1,0 +1,178 @@
+"""Edits derived from caption decompositions alone: no scene, no target image, no benchmark sampler.
+
+From a caption with (local_k, context_k) pairs (paper §3.1; context_k is the caption without local_k):
+* remove k:    target = context_k.
+* replace k:   local_k -> a local phrase of another caption (a donor) whose head noun is of local_k's head's kind.
+* attribute k: one word of local_k -> another word "of its kind", mined from the corpus's own local phrases: two
+               modifier words are of one kind when they modify the same head nouns (at least `min_shared_heads`)
+               and never occur in one phrase together ("red"/"blue" modify "circle" and "star" but never meet;
+               "small"/"red" meet in "a small red circle"). Modifiers and heads come from spaCy's parse.
+* add:         "{caption} with {donor phrase}", the donor's head of the kind of one of the caption's heads.
+Kinds are distributional and need no lexicon: modifier words are of one kind as above, and two head nouns are of
+one kind when they take at least `min_shared_heads` common modifiers ("circle" and "star" are both "red", "small";
+"ocean" and "desert" are neither), so that an object is not replaced by a background.
+Negatives (the failed modifications PACT's negative captions stand for): the source caption (edit not applied),
+the same edit on another local phrase of the caption (wrong phrase), and for replace the removal instead.
+
+Choices are seeded per caption id (`caption_rng`), so a restarted job derives exactly the same edits.
+"""
+from __future__ import annotations
+
+import hashlib
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..decompose.schema import Decomposition
+from .schema import Edit
+
+KINDS = ("remove", "replace", "attribute", "add")
+
+
+def caption_rng(seed: int, caption_id: str) -> np.random.Generator:
+    digest = hashlib.sha256(f"{seed}\0{caption_id}".encode()).digest()
+    return np.random.default_rng(int.from_bytes(digest[:8], "little"))
+
+
+def swap_once(text: str, old: str, new: str) -> str | None:
+    """`text` with the first whole-word occurrence of `old` replaced by `new`; None when `old` is not in it."""
+    m = re.search(r"(?<!\w)" + re.escape(old) + r"(?!\w)", text)
+    return None if m is None else text[:m.start()] + new + text[m.end():]
+
+
+@dataclass
+class PhrasePool:
+    """The corpus's local phrases (donors) and its modifier words grouped by kind."""
+
+    phrases: list[str]  # distinct local phrases, first-seen order
+    parse: dict[str, tuple[str, tuple[str, ...]]]  # phrase -> (head noun, modifier words)
+    kind_mates: dict[str, list[str]] = field(default_factory=dict)  # modifier -> modifiers of its kind, sorted
+    head_mates: dict[str, set[str]] = field(default_factory=dict)  # head noun -> head nouns of its kind (itself too)
+
+    @classmethod
+    def build(cls, decompositions: list[Decomposition], nlp=None, min_shared_heads: int = 2) -> "PhrasePool":
+        phrases = list(dict.fromkeys(p.local for d in decompositions for p in d.pairs))
+        nlp = nlp or _spacy()
+        parse = {}
+        for phrase, doc in zip(phrases, nlp.pipe(phrases, batch_size=256)):
+            root = next((t for t in doc if t.head == t), None)
+            mods = tuple(t.text for t in doc if t is not root and t.dep_ in ("amod", "compound", "nummod")
+                         and t.pos_ in ("ADJ", "NOUN", "PROPN", "NUM"))
+            parse[phrase] = (root.text.lower() if root is not None else "", mods)
+        heads, together = defaultdict(set), set()
+        for head, mods in parse.values():
+            for m in mods:
+                heads[m].add(head)
+            together.update((a, b) for a in mods for b in mods if a != b)
+        mates = {a: sorted(b for b in heads if b != a and (a, b) not in together
+                           and len(heads[a] & heads[b]) >= min_shared_heads) for a in heads}
+        mods = defaultdict(set)
+        for head, ms in parse.values():
+            mods[head].update(ms)
+        head_mates = {h: {g for g in mods if len(mods[h] & mods[g]) >= min_shared_heads} for h in mods if h}
+        return cls(phrases, parse, {a: m for a, m in mates.items() if m}, {h: m for h, m in head_mates.items() if m})
+
+
+def _spacy():
+    from ..decompose.rule import load_spacy
+    return load_spacy()
+
+
+def derive_edits(caption_id: str, dec: Decomposition, pool: PhrasePool, rng: np.random.Generator, n: int = 1
+                 ) -> list[Edit]:
+    """Up to `n` distinct edits of one caption, kinds drawn uniformly among those its decomposition allows."""
+    out: list[Edit] = []
+    kinds = list(KINDS)
+    while len(out) < n and kinds:
+        kind = kinds[int(rng.integers(len(kinds)))]
+        edit = _DERIVE[kind](dec, pool, rng)
+        if edit is None or any(e.target == edit.target for e in out):
+            kinds.remove(kind)
+            continue
+        out.append(edit)
+    return out
+
+
+def _pick_pair(dec: Decomposition, rng: np.random.Generator) -> int | None:
+    ok = [k for k, p in enumerate(dec.pairs) if p.context.strip() and swap_once(dec.caption, p.local, "") is not None]
+    return ok[int(rng.integers(len(ok)))] if ok else None
+
+
+def _head(pool: PhrasePool, phrase: str) -> str:
+    return pool.parse.get(phrase, ("", ()))[0]
+
+
+def _donor(dec: Decomposition, pool: PhrasePool, rng: np.random.Generator, like: str) -> str | None:
+    """A local phrase of another caption whose head is of the kind of head `like`."""
+    kind = pool.head_mates.get(like, set())
+    own = {p.local for p in dec.pairs}
+    for _ in range(50):
+        cand = pool.phrases[int(rng.integers(len(pool.phrases)))] if pool.phrases and kind else None
+        if cand is not None and _head(pool, cand) in kind and cand not in own \
+                and cand.lower() not in dec.caption.lower():
+            return cand
+    return None
+
+
+def _others(dec: Decomposition, k: int) -> list[int]:
+    return [j for j, p in enumerate(dec.pairs) if j != k and p.local != dec.pairs[k].local]
+
+
+def _remove(dec: Decomposition, pool: PhrasePool, rng: np.random.Generator) -> Edit | None:
+    k = _pick_pair(dec, rng)
+    if k is None:
+        return None
+    wrong = tuple(dec.pairs[j].context for j in _others(dec, k))[:2]
+    return Edit("remove", dec.pairs[k].local, target=dec.pairs[k].context, negatives=(dec.caption, *wrong),
+                provenance={"pair": k})
+
+
+def _replace(dec: Decomposition, pool: PhrasePool, rng: np.random.Generator) -> Edit | None:
+    k = _pick_pair(dec, rng)
+    new = None if k is None else _donor(dec, pool, rng, _head(pool, dec.pairs[k].local))
+    if new is None:
+        return None
+    local = dec.pairs[k].local
+    target = swap_once(dec.caption, local, new)
+    wrong = [swap_once(dec.caption, dec.pairs[j].local, new) for j in _others(dec, k)
+             if _head(pool, dec.pairs[j].local) in pool.head_mates.get(_head(pool, new), set())][:1]
+    negs = (dec.caption, *[w for w in wrong if w], dec.pairs[k].context)
+    return Edit("replace", local, new=new, target=target, negatives=negs, provenance={"pair": k, "donor": new})
+
+
+def _attribute(dec: Decomposition, pool: PhrasePool, rng: np.random.Generator) -> Edit | None:
+    cands = [(k, m) for k, p in enumerate(dec.pairs) for m in pool.parse.get(p.local, ("", ()))[1]
+             if m in pool.kind_mates and swap_once(dec.caption, p.local, "") is not None]
+    if not cands:
+        return None
+    k, old = cands[int(rng.integers(len(cands)))]
+    mates = pool.kind_mates[old]
+    new = mates[int(rng.integers(len(mates)))]
+    local = dec.pairs[k].local
+    new_local = swap_once(local, old, new)
+    target = swap_once(dec.caption, local, new_local)
+    wrong = []  # the same change made to another phrase's word of that kind
+    for j in _others(dec, k):
+        other = dec.pairs[j].local
+        for m in pool.parse.get(other, ("", ()))[1]:
+            if m != new and (m == old or m in mates):
+                changed = swap_once(dec.caption, other, swap_once(other, m, new) or other)
+                if changed and changed not in (target, dec.caption):
+                    wrong.append(changed)
+    return Edit("attribute", local, new=new, old=old, head=pool.parse[local][0], target=target,
+                negatives=(dec.caption, *wrong[:1]), provenance={"pair": k})
+
+
+def _add(dec: Decomposition, pool: PhrasePool, rng: np.random.Generator) -> Edit | None:
+    k = _pick_pair(dec, rng)
+    new = None if k is None else _donor(dec, pool, rng, _head(pool, dec.pairs[k].local))
+    if new is None:
+        return None
+    negs = [dec.caption] + ([swap_once(dec.caption, dec.pairs[k].local, new)] if k is not None else [])
+    return Edit("add", "", new=new, target=f"{dec.caption} with {new}", negatives=tuple(n for n in negs if n),
+                provenance={"donor": new, "replaced_in_negative": k})
+
+
+_DERIVE = {"remove": _remove, "replace": _replace, "attribute": _attribute, "add": _add}
