@@ -2,7 +2,8 @@
 
 It answers a caption "x and y and z" with the pairs (x | y and z), (y | x and z), ...; `script[caption]` lists
 behaviours used one per request before falling back to a valid answer: "timeout", "500", "bad_json",
-"truncated", "too_many", "ungrounded", "401".
+"truncated", "too_many", "ungrounded", "401". `answer(user_message) -> content`, when given, replaces the
+decomposition answer (other jobs, e.g. the edit writer).
 """
 from __future__ import annotations
 
@@ -20,7 +21,9 @@ def valid_pairs(caption: str) -> list[dict[str, str]]:
 
 
 class FakeLLM:
-    def __init__(self, script: dict[str, list[str]] | None = None, delay_s: float = 0.0, hang_s: float = 3.0):
+    def __init__(self, script: dict[str, list[str]] | None = None, delay_s: float = 0.0, hang_s: float = 3.0,
+                 answer=None):
+        self.answer = answer
         self.script = defaultdict(list, {k: list(v) for k, v in (script or {}).items()})
         self.delay_s, self.hang_s = delay_s, hang_s
         self.requests: Counter = Counter()
@@ -60,7 +63,7 @@ class FakeLLM:
             h.end_headers()
             h.wfile.write(b'{"error": "scripted"}')
             return
-        content = json.dumps({"pairs": valid_pairs(caption)})
+        content = self.answer(caption) if self.answer else json.dumps({"pairs": valid_pairs(caption)})
         finish = "stop"
         if behaviour == "bad_json":
             content = "Sure! Here are the pairs: local = " + caption

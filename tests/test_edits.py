@@ -150,3 +150,46 @@ def test_cli_on_the_tiny_world_uses_train_scenes_only(tiny_world, tmp_path, caps
     plain.write_text("a dog on grass\tx/1.jpg\n")
     assert main(["edits", "generate", "--in", str(plain), "--out", str(tmp_path / "p.sqlite")]) == 2
     assert "--decompositions" in capsys.readouterr().err
+
+
+def _jsonl(path, decs):
+    path.write_text("".join(json.dumps({"id": f"img{i}", "caption": d.caption, "decomposition": d.to_dict()}) + "\n"
+                            for i, d in enumerate(decs)))
+    return path
+
+
+def test_llm_writer_validates_retries_and_falls_back_flagged(tmp_path, capsys):
+    from fake_llm import FakeLLM
+    tries: dict[str, int] = {}
+
+    def answer(user: str) -> str:
+        q = json.loads(user)
+        tries[q["caption"]] = tries.get(q["caption"], 0) + 1
+        if q["caption"] == CORPUS[2].caption:
+            return "I would rather not."  # never valid: the rule writer's instruction, flagged
+        if q["caption"] == CORPUS[3].caption and tries[q["caption"]] == 1:
+            return json.dumps({"instruction": "something unrelated entirely"})  # not grounded: asked again
+        words = q.get("new") or q.get("phrase")
+        return "```json\n" + json.dumps({"instruction": f"please {q['kind']} {words}"}) + "\n```"
+
+    inp, out = _jsonl(tmp_path / "caps.jsonl", CORPUS), tmp_path / "e.sqlite"
+    with FakeLLM(answer=answer) as server:
+        args = ["edits", "generate", "--in", str(inp), "--out", str(out), "--writer", "llm", "--llm-url", server.url,
+                "--retries", "2", "--backoff", "0.01"]
+        assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "1 flagged" in printed and "error:ungrounded=1" in printed and "error:invalid_json=3" in printed
+    with EditStore(out) as store:
+        (sid,) = store.settings()
+        records = {r.source_caption: r for r in store.records(sid)}
+    assert len(records) == len(CORPUS) and tries[CORPUS[3].caption] == 2 and tries[CORPUS[2].caption] == 3
+    for caption, r in records.items():
+        if caption == CORPUS[2].caption:
+            assert r.flag.startswith("llm failed after 3 tries (invalid_json)") and not r.instruction.startswith("please")
+        else:
+            assert r.instruction.startswith(f"please {r.kind}") and not r.flag
+    with FakeLLM() as server:  # a server that refuses the key: the job stops instead of falling back
+        server.script.default_factory = lambda: ["401"]
+        assert main(["edits", "generate", "--in", str(inp), "--out", str(tmp_path / "x.sqlite"), "--writer", "llm",
+                     "--llm-url", server.url]) == 2
+    assert "HTTP 401" in capsys.readouterr().err

@@ -34,3 +34,23 @@ def print_table(title: str, metrics: dict) -> None:
     print(f"\n| {title} | value |\n|---|---|")
     for k, v in metrics.items():
         print(f"| {k} | {v:.2f} |" if isinstance(v, float) else f"| {k} | {v} |")
+
+
+def add_llm_args(p: argparse.ArgumentParser) -> None:
+    """The options of an OpenAI-compatible chat-completions server, shared by every LLM job."""
+    llm = p.add_argument_group("llm (an OpenAI-compatible chat-completions server)")
+    llm.add_argument("--llm-url", default=None, help="base URL, e.g. http://127.0.0.1:8000/v1 (env FOCO_LLM_URL)")
+    llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
+    llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
+    llm.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    llm.add_argument("--retries", type=int, default=3, help="retries per item before the rule fallback")
+    llm.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
+    llm.add_argument("--concurrency", type=int, default=4, help="requests in flight")
+    llm.add_argument("--max-tokens", type=int, default=400)
+    llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
+
+
+def chat_config(a: argparse.Namespace):
+    from ..decompose.client import ChatConfig
+    return ChatConfig(url=a.llm_url or "", model=a.llm_model or "", api_key=a.llm_key or "", timeout_s=a.timeout,
+                      max_tokens=a.max_tokens, json_mode=a.json_mode)

@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 
+from .common import add_llm_args, chat_config
+
 
 def _decompose(a: argparse.Namespace) -> int:
     from ..decompose import build_decomposer
-    from ..decompose.client import ChatConfig
     from ..decompose.inputs import read_captions
     from ..decompose.llm import LLMConfig
     from ..decompose.run import run_decompose
@@ -15,9 +16,7 @@ def _decompose(a: argparse.Namespace) -> int:
         records = records[:a.limit]
     llm = None
     if a.decomposer == "llm":
-        llm = LLMConfig(ChatConfig(url=a.llm_url or "", model=a.llm_model or "", api_key=a.llm_key or "",
-                                   timeout_s=a.timeout, max_tokens=a.max_tokens, json_mode=a.json_mode),
-                        min_pairs=a.min_pairs, max_pairs=a.max_pairs, max_retries=a.retries,
+        llm = LLMConfig(chat_config(a), min_pairs=a.min_pairs, max_pairs=a.max_pairs, max_retries=a.retries,
                         concurrency=a.concurrency, backoff_s=a.backoff)
     decomposer = build_decomposer(a.decomposer, records, llm, max_pairs=a.max_pairs)
     try:
@@ -43,14 +42,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--batch-size", type=int, default=64, help="captions per store transaction")
     dc.add_argument("--min-pairs", type=int, default=3, help="fewest pairs an LLM answer may give")
     dc.add_argument("--max-pairs", type=int, default=5, help="most pairs (LLM answers; rule keeps the first)")
-    llm = dc.add_argument_group("llm (an OpenAI-compatible chat-completions server)")
-    llm.add_argument("--llm-url", default=None, help="base URL, e.g. http://127.0.0.1:8000/v1 (env FOCO_LLM_URL)")
-    llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
-    llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
-    llm.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    llm.add_argument("--retries", type=int, default=3, help="retries per caption before the rule fallback")
-    llm.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
-    llm.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    llm.add_argument("--max-tokens", type=int, default=400)
-    llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
+    add_llm_args(dc)
     dc.set_defaults(func=_decompose)

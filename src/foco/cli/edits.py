@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .common import add_llm_args, chat_config
+
 
 def _sources(a: argparse.Namespace) -> list:
     """(source id, decomposition) of every input caption: from --decompositions, else the input's own (oracle)."""
@@ -24,13 +26,24 @@ def _sources(a: argparse.Namespace) -> list:
 
 
 def _generate(a: argparse.Namespace) -> int:
-    from ..edits import WRITERS
+    from ..decompose.client import RetryPolicy
+    from ..edits import WriterOptions, build_writer
+    from ..edits.llm import LLMWriterConfig
     from ..edits.run import GenerateConfig, run_generate
-    writer = WRITERS.get(a.writer)(templates=a.templates)
+    llm = LLMWriterConfig(chat_config(a), RetryPolicy(max_retries=a.retries, backoff_s=a.backoff),
+                          concurrency=a.concurrency, write_target=a.llm_target) if a.writer == "llm" else None
+    sources = _sources(a)
+    writer = build_writer(a.writer, WriterOptions(a.templates, llm))
     cfg = GenerateConfig(per_caption=a.per_caption, seed=a.seed, min_shared_heads=a.min_shared_heads,
                          batch_size=a.batch_size)
-    stats = run_generate(_sources(a), writer, a.out, cfg)
+    try:
+        stats = run_generate(sources, writer, a.out, cfg)
+    finally:
+        if hasattr(writer, "close"):
+            writer.close()
     print(stats.summary())
+    if getattr(writer, "stats", None):
+        print("writer: " + ", ".join(f"{k}={v}" for k, v in sorted(writer.stats.items())))
     print(f"store: {a.out} (settings id {stats.settings_id})")
     return 0
 
@@ -57,4 +70,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--limit", type=int, default=None, help="only the first N captions")
     g.add_argument("--batch-size", type=int, default=256, help="source captions per store transaction")
+    g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
+    add_llm_args(g)
     g.set_defaults(func=_generate)

@@ -2,17 +2,22 @@
 
 Standard library only. `ChatClient.complete` makes one request and classifies failures: a `RetryableError` for
 timeouts, refused connections, HTTP 429 and 5xx; a `ConfigError` for the other 4xx answers (a wrong URL, model or
-key fails every request, so the job stops instead of falling back a million times).
+key fails every request, so the job stops instead of falling back a million times). `ask_until_valid` is the one
+retry loop of every LLM job (the decomposer, the edit writer): ask, parse strictly, back off, ask again.
 """
 from __future__ import annotations
 
 import json
 import os
+import random
 import socket
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+T = TypeVar("T")
 
 
 class RetryableError(RuntimeError):
@@ -21,6 +26,10 @@ class RetryableError(RuntimeError):
 
 class ConfigError(RuntimeError):
     pass
+
+
+class InvalidAnswer(ValueError):
+    """The model answered, but not with something the caller's parser accepts (the reason says why)."""
 
 
 @dataclass
@@ -90,3 +99,38 @@ class ChatClient:
             raise RetryableError(f"the server's reply is not a chat completion: {raw[:120]!r}") from exc
         usage = data.get("usage") or {}
         return ChatAnswer(text, str(choice.get("finish_reason") or ""), int(usage.get("completion_tokens") or 0))
+
+
+@dataclass
+class RetryPolicy:
+    max_retries: int = 3
+    backoff_s: float = 1.0  # first wait; doubles per retry, capped at backoff_max_s, with jitter
+    backoff_max_s: float = 30.0
+    retry_temperature: float = 0.7  # retries of an invalid answer sample, so that they can differ
+
+
+def ask_until_valid(client: "ChatClient", messages: list[dict[str, str]], parse: Callable[[str], T],
+                    policy: RetryPolicy, count: Callable[..., None], classify: Callable[[str, bool], str]
+                    ) -> tuple[T | None, str]:
+    """Asks, parses strictly, and asks again on a timeout, a 5xx/429 or an invalid answer, with backoff:
+    (parsed, "") or, after the last retry, (None, the last failure's category). `count(key, n=1)` keeps the
+    statistics; `classify(message, invalid)` names a failure. A `ConfigError` (wrong URL, model or key) propagates."""
+    reason = ""
+    for attempt in range(policy.max_retries + 1):
+        if attempt:
+            count("retries")
+            time.sleep(min(policy.backoff_max_s, policy.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0))
+        count("requests")
+        answer = None
+        try:
+            answer = client.complete(messages, None if attempt == 0 else policy.retry_temperature)
+            count("completion_tokens", answer.completion_tokens)
+            return parse(answer.text), ""
+        except RetryableError as exc:
+            reason = classify(str(exc), False)
+        except InvalidAnswer as exc:
+            reason = "truncated" if answer is not None and answer.finish_reason == "length" else \
+                classify(str(exc), True)
+        count(f"error:{reason}")
+    count("fallback")
+    return None, reason

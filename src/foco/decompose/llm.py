@@ -7,16 +7,14 @@ answer sample at `retry_temperature` so that they can differ. After the last ret
 """
 from __future__ import annotations
 
-import random
 import threading
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .client import ChatClient, ChatConfig, RetryableError
-from .prompt import PROMPT_VERSION, InvalidAnswer, build_messages, parse_answer
+from .client import ChatClient, ChatConfig, RetryPolicy, ask_until_valid
+from .prompt import PROMPT_VERSION, build_messages, parse_answer
 from .schema import Decomposer, DecomposerOptions, Decomposition
 
 
@@ -80,29 +78,17 @@ class LLMDecomposer:
 
     def _ask(self, caption: str) -> Decomposition | None:
         messages = build_messages(caption, self.cfg.min_pairs, self.cfg.max_pairs)
-        for attempt in range(self.cfg.max_retries + 1):
-            if attempt:
-                self._count("retries")
-                wait = min(self.cfg.backoff_max_s, self.cfg.backoff_s * 2 ** (attempt - 1))
-                time.sleep(wait * random.uniform(0.5, 1.0))
-            self._count("requests")
-            try:
-                answer = self.client.complete(messages, None if attempt == 0 else self.cfg.retry_temperature)
-                self._count("completion_tokens", answer.completion_tokens)
-                pairs = parse_answer(answer.text, caption, self.cfg.min_pairs, self.cfg.max_pairs)
-            except RetryableError as exc:
-                reason = _reason(str(exc))
-            except InvalidAnswer as exc:
-                truncated = answer.finish_reason == "length"
-                reason = "truncated" if truncated else _reason(str(exc), invalid=True)
-            else:
-                self._count("ok")
-                return Decomposition(caption, pairs, dict(self.settings))
-            self._count(f"error:{reason}")
+        policy = RetryPolicy(self.cfg.max_retries, self.cfg.backoff_s, self.cfg.backoff_max_s,
+                             self.cfg.retry_temperature)
+        pairs, reason = ask_until_valid(
+            self.client, messages, lambda text: parse_answer(text, caption, self.cfg.min_pairs, self.cfg.max_pairs),
+            policy, self._count, _reason)
+        if pairs is None:
             with self._lock:
                 self._last_error[caption] = reason
-        self._count("fallback")
-        return None
+            return None
+        self._count("ok")
+        return Decomposition(caption, pairs, dict(self.settings))
 
 
 def _reason(message: str, invalid: bool = False) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import re
 
+from .client import InvalidAnswer  # noqa: F401  (raised by parse_answer; callers catch it from here)
 from .schema import LocalContextPair
 
 PROMPT_VERSION = 1
@@ -36,10 +37,6 @@ EXAMPLES: tuple[tuple[str, list[tuple[str, str]]], ...] = (
       ("a glass vase with yellow tulips", "a wooden bowl of green apples on a kitchen table"),
       ("a kitchen table", "a wooden bowl of green apples and a glass vase with yellow tulips")]),
 )
-
-
-class InvalidAnswer(ValueError):
-    """The model answered, but not with a usable decomposition (the reason says why)."""
 
 
 def _answer_json(pairs: list[tuple[str, str]]) -> str:

@@ -9,8 +9,17 @@ imports): the same generator serves a CC3M-style corpus and the world's training
 from __future__ import annotations
 
 from ..registry import Registry
+from .schema import WriterOptions
 
 WRITERS = Registry("edit writer")
 WRITERS.register("rule", "foco.edits.rule:RuleWriter")
+WRITERS.register("llm", "foco.edits.llm:LLMWriter")
 
-__all__ = ["WRITERS"]
+
+
+def build_writer(name: str, opts: WriterOptions | None = None):
+    """The writer registered as `name` (rule, llm)."""
+    return WRITERS.get(name).from_options(opts or WriterOptions())
+
+
+__all__ = ["WRITERS", "WriterOptions", "build_writer"]

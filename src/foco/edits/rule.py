@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from .schema import Edit
+from .schema import Edit, WriterOptions
 
 TEMPLATES: dict[str, dict[str, tuple[str, ...]]] = {
     "train": {
@@ -40,7 +40,7 @@ def definite(phrase: str) -> str:
 
 
 class RuleWriter:
-    """`write(edits, rngs) -> instructions`: one template per edit, filled with the edit's phrases."""
+    """One template per edit, filled with the edit's phrases, drawn with the caption's own generator."""
 
     def __init__(self, templates: str = "train"):
         if templates not in TEMPLATES:
@@ -48,9 +48,17 @@ class RuleWriter:
         self.templates = TEMPLATES[templates]
         self.settings: dict[str, Any] = {"name": "rule", "templates": templates}
 
+    @classmethod
+    def from_options(cls, opts: WriterOptions) -> "RuleWriter":
+        return cls(opts.templates)
+
     def instruction(self, edit: Edit, rng: np.random.Generator) -> str:
         options = self.templates[edit.kind]
         template = options[int(rng.integers(len(options)))]
         bare = _ARTICLE.sub("", edit.phrase.strip(), count=1)
         return template.format(x=definite(edit.phrase), x_bare=bare, y=edit.new, head=edit.head, a=edit.old,
                                b=edit.new)
+
+    def write_batch(self, items: list[tuple[str, list[Edit], np.random.Generator]]) -> list[list[tuple[str, str, str]]]:
+        """(instruction, target caption, flag) for each edit of each (caption, edits, generator)."""
+        return [[(self.instruction(e, rng), e.target, "") for e in edits] for _, edits, rng in items]

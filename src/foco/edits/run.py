@@ -27,6 +27,7 @@ class GenerateStats:
     already_done: int = 0
     done_now: int = 0
     triplets_now: int = 0
+    flagged: int = 0  # written by a fallback
     seconds: float = 0.0
     settings_id: str = ""
     kinds: dict[str, int] = field(default_factory=dict)  # the whole store's triplets per kind, this setting
@@ -35,7 +36,8 @@ class GenerateStats:
         rate = self.triplets_now / self.seconds if self.seconds > 0 else 0.0
         total = sum(self.kinds.values()) or 1
         return (f"{self.sources} source captions: {self.already_done} already in the store, {self.done_now} edited "
-                f"now ({self.triplets_now} triplets in {self.seconds:.1f}s, {rate:.1f} triplets/s)\n"
+                f"now ({self.triplets_now} triplets in {self.seconds:.1f}s, {rate:.1f} triplets/s; "
+                f"{self.flagged} flagged)\n"
                 "triplets by kind: " + ", ".join(f"{k} {n} ({100 * n / total:.1f}%)" for k, n in self.kinds.items()))
 
 
@@ -57,17 +59,26 @@ def run_generate(sources: list[tuple[str, Decomposition]], writer, store_path: s
         t0 = time.perf_counter()
         with Bar(len(sources), f"edits ({writer.settings['name']})", initial=stats.already_done) as bar:
             for batch in iter_batches(todo, cfg.batch_size):
-                written = [(i, _triplets(i, d, pool, writer, cfg)) for i, d in batch]
+                written = _triplets(batch, pool, writer, cfg)
                 stats.done_now += store.put_many(sid, written)
                 stats.triplets_now += sum(len(r) for _, r in written)
+                stats.flagged += sum(1 for _, rs in written for r in rs if r.flag)
                 bar.update(len(batch))
         stats.seconds = time.perf_counter() - t0
         stats.kinds = store.kinds(sid)
     return stats
 
 
-def _triplets(source_id: str, dec: Decomposition, pool: PhrasePool, writer, cfg: GenerateConfig) -> list[ITTRecord]:
-    rng = caption_rng(cfg.seed, source_id)
-    return [ITTRecord(source_id, dec.caption, e.kind, writer.instruction(e, rng), e.target, list(e.negatives),
-                      {**e.provenance, "phrase": e.phrase, "new": e.new, "old": e.old})
-            for e in derive_edits(source_id, dec, pool, rng, cfg.per_caption)]
+def _triplets(batch: list[tuple[str, Decomposition]], pool: PhrasePool, writer, cfg: GenerateConfig
+              ) -> list[tuple[str, list[ITTRecord]]]:
+    """Each source's edits (derived with its own generator), written by the writer in one batch."""
+    items = []
+    for source_id, dec in batch:
+        rng = caption_rng(cfg.seed, source_id)
+        items.append((dec.caption, derive_edits(source_id, dec, pool, rng, cfg.per_caption), rng))
+    out = []
+    for (source_id, dec), (_, edits, _), written in zip(batch, items, writer.write_batch(items)):
+        out.append((source_id, [ITTRecord(source_id, dec.caption, e.kind, instruction, target, list(e.negatives),
+                                          {**e.provenance, "phrase": e.phrase, "new": e.new, "old": e.old}, flag)
+                                for e, (instruction, target, flag) in zip(edits, written)]))
+    return out

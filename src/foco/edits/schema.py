@@ -41,3 +41,11 @@ class ITTRecord:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class WriterOptions:
+    """What a writer may be built from; each reads the fields it needs."""
+
+    templates: str = "train"  # rule: "train" or "heldout"
+    llm: Any = None  # llm: an `LLMWriterConfig`
