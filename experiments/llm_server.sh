@@ -2,16 +2,20 @@
 # The real-server check of the `llm` decomposer: llama-cpp-python's OpenAI-compatible server on loopback, running
 # Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, shipped in six PyPI parts), then
 #   1. tests/test_llm_server.py (decomposes world captions through `foco decompose` against the real server), and
-#   2. experiments/decomposition_quality.py on N world captions (precision / recall against the oracle, captions/s).
+#   2. experiments/decomposition_quality.py on N world captions (precision / recall against the oracle, captions/s),
+#   3. `foco edits generate --writer llm` on the first M world training captions (triplets/s, retries, flagged).
 # Building llama-cpp-python from source takes ~4.5 min on 2 cores, so this is not part of `make test`.
 #
-#   bash experiments/llm_server.sh [WORLD] [N]      (defaults: runs/quickstart/world 500)
+#   bash experiments/llm_server.sh [WORLD] [N] [M]      (defaults: runs/quickstart/world 500 100)
+#   STEPS="edits" bash experiments/llm_server.sh ...    runs only the named steps (tests, quality, edits)
 #
 # Resumable: the quality run writes into runs/llm-bench/store.sqlite; rerun the script to finish an interrupted run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WORLD=${1:-runs/quickstart/world}
 N=${2:-500}
+M=${3:-100}
+STEPS=${STEPS:-"tests quality edits"}
 PORT=${PORT:-8765}
 OUT=runs/llm-bench
 PY=.venv/bin/python
@@ -49,8 +53,17 @@ done
 curl -sf "http://127.0.0.1:$PORT/v1/models" > /dev/null || { echo "server did not start"; tail "$OUT/server.log"; exit 1; }
 
 export FOCO_LLM_URL="http://127.0.0.1:$PORT/v1" FOCO_LLM_MODEL=qwen2.5-coder-0.5b
-echo "== tests/test_llm_server.py"
-FOCO_TEST_WORLD="$WORLD" $PY -m pytest -q tests/test_llm_server.py -rs
-echo "== quality and speed on $N world captions"
-$PY experiments/decomposition_quality.py --world "$WORLD" --n "$N" --decomposers rule,llm \
-  --store "$OUT/store.sqlite" --out "$OUT/quality.json"
+if [[ " $STEPS " == *" tests "* ]]; then
+  echo "== tests/test_llm_server.py"
+  FOCO_TEST_WORLD="$WORLD" $PY -m pytest -q tests/test_llm_server.py -rs
+fi
+if [[ " $STEPS " == *" quality "* ]]; then
+  echo "== quality and speed on $N world captions"
+  $PY experiments/decomposition_quality.py --world "$WORLD" --n "$N" --decomposers rule,llm \
+    --store "$OUT/store.sqlite" --out "$OUT/quality.json"
+fi
+if [[ " $STEPS " == *" edits "* ]]; then
+  echo "== ITT instructions written by the LLM for $M world captions"
+  $PY -m foco edits generate --in "$WORLD" --limit "$M" --writer llm --concurrency 2 --json-mode \
+    --out "$OUT/edits.sqlite"
+fi

@@ -10,7 +10,8 @@ From a caption with (local_k, context_k) pairs (paper §3.1; context_k is the ca
 * add:         "{caption} with {donor phrase}", the donor's head of the kind of one of the caption's heads.
 Kinds are distributional and need no lexicon: modifier words are of one kind as above, and two head nouns are of
 one kind when they take at least `min_shared_heads` common modifiers ("circle" and "star" are both "red", "small";
-"ocean" and "desert" are neither), so that an object is not replaced by a background.
+"ocean" and "desert" are neither), so that an object is not replaced by a background. Kinds are counted through an
+inverted index over the 5,000 words with the most partners (`PhrasePool.build(max_words=...)`).
 Negatives (the failed modifications PACT's negative captions stand for): the source caption (edit not applied),
 the same edit on another local phrase of the caption (wrong phrase), and for replace the removal instead.
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,7 +53,8 @@ class PhrasePool:
     head_mates: dict[str, set[str]] = field(default_factory=dict)  # head noun -> head nouns of its kind (itself too)
 
     @classmethod
-    def build(cls, decompositions: list[Decomposition], nlp=None, min_shared_heads: int = 2) -> "PhrasePool":
+    def build(cls, decompositions: list[Decomposition], nlp=None, min_shared_heads: int = 2,
+              max_words: int = 5000) -> "PhrasePool":
         phrases = list(dict.fromkeys(p.local for d in decompositions for p in d.pairs))
         nlp = nlp or _spacy()
         parse = {}
@@ -61,18 +63,32 @@ class PhrasePool:
             mods = tuple(t.text for t in doc if t is not root and t.dep_ in ("amod", "compound", "nummod")
                          and t.pos_ in ("ADJ", "NOUN", "PROPN", "NUM"))
             parse[phrase] = (root.text.lower() if root is not None else "", mods)
-        heads, together = defaultdict(set), set()
-        for head, mods in parse.values():
-            for m in mods:
-                heads[m].add(head)
-            together.update((a, b) for a in mods for b in mods if a != b)
-        mates = {a: sorted(b for b in heads if b != a and (a, b) not in together
-                           and len(heads[a] & heads[b]) >= min_shared_heads) for a in heads}
-        mods = defaultdict(set)
+        heads, together, mods = defaultdict(set), set(), defaultdict(set)
         for head, ms in parse.values():
             mods[head].update(ms)
-        head_mates = {h: {g for g in mods if len(mods[h] & mods[g]) >= min_shared_heads} for h in mods if h}
-        return cls(phrases, parse, {a: m for a, m in mates.items() if m}, {h: m for h, m in head_mates.items() if m})
+            for m in ms:
+                heads[m].add(head)
+            together.update((a, b) for a in ms for b in ms if a != b)
+        mates = _mates(heads, min_shared_heads, max_words, exclude=together)
+        head_mates = {h: {h, *m} for h, m in _mates(mods, min_shared_heads, max_words).items()
+                      if h and len(mods[h]) >= min_shared_heads}
+        return cls(phrases, parse, {a: m for a, m in mates.items() if m}, head_mates)
+
+
+def _mates(features: dict[str, set[str]], min_shared: int, max_words: int,
+           exclude: set[tuple[str, str]] = frozenset()) -> dict[str, list[str]]:
+    """word -> the other words sharing at least `min_shared` features, through an inverted index; only the
+    `max_words` words with the most features take part (a large corpus's long tail would be quadratic)."""
+    kept = dict(sorted(features.items(), key=lambda kv: (-len(kv[1]), kv[0]))[:max_words])
+    index = defaultdict(set)
+    for w, fs in kept.items():
+        for f in fs:
+            index[f].add(w)
+    out = {}
+    for w, fs in kept.items():
+        shared = Counter(v for f in fs for v in index[f] if v != w)
+        out[w] = sorted(v for v, c in shared.items() if c >= min_shared and (w, v) not in exclude)
+    return out
 
 
 def _spacy():
