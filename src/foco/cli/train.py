@@ -32,12 +32,33 @@ def _train(a: argparse.Namespace) -> int:
     from ..world.decompositions import world_decompositions
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
-                          max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias))
+                          max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias),
+                          stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
+                          lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
+                          edit_negatives=not a.no_edit_negatives)
     table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer))
-    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": FeatureCache(a.features).manifest["backbone"]})
+    spec = FeatureCache(a.features).manifest["backbone"]
+    edits = _edit_table(a, spec) if a.edits else None
+    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits)
     print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
           f"curve {a.out}/loss_curve.png")
     return 0
+
+
+def _edit_table(a: argparse.Namespace, spec: str):
+    """The ITT triplets of --edits joined with the training features; their texts encoded once (resumable)."""
+    from ..backbones import create_backbone
+    from ..edits.store import EditStore
+    from ..train.edit_data import build_edit_table, encode_edit_texts
+    with EditStore(a.edits) as store:
+        settings = list(store.settings())
+        if len(settings) != 1 and a.edit_settings not in settings:
+            raise ValueError(f"{a.edits} holds {len(settings)} generator settings {settings}: pick one with "
+                             "--edit-settings")
+        records = store.records(a.edit_settings or settings[0])
+    texts = Path(a.edit_features or Path(a.out) / "edit-features")
+    encode_edit_texts(create_backbone(spec), records, texts)
+    return build_edit_table(a.features, texts, records)
 
 
 def _pic2word_train(a: argparse.Namespace) -> int:
@@ -83,6 +104,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
     tr.add_argument("--seed", type=int, default=0)
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    ed = tr.add_argument_group("foco-edits: a third stage on edit triplets (NOT in the FoCo paper)")
+    ed.add_argument("--edits", default=None, help="SQLite store of `foco edits generate` (off: the paper's recipe)")
+    ed.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
+    ed.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
+    ed.add_argument("--stage3-epochs", type=int, default=2)
+    ed.add_argument("--lr-edit", type=float, default=1e-4)
+    ed.add_argument("--preserve-weight", type=float, default=0.3, help="weight of L_preserve (the source image)")
+    ed.add_argument("--no-edit-negatives", action="store_true", help="no negative captions as hard negatives")
     tr.set_defaults(func=_train)
 
     pw = sub.add_parser("pic2word", help="the Pic2Word baseline").add_subparsers(dest="action", required=True)

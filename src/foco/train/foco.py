@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
 from .losses import foco_losses, plan_negatives
 from ..model import ComposedQueryEncoder, FoCoConfig
 from ..utils.io import atomic_write_text
+
+if TYPE_CHECKING:
+    from .edit_data import EditTable
 
 
 @dataclass
@@ -36,6 +39,13 @@ class FoCoTrainConfig:
     grad_clip: float = 1.0
     max_negatives: int | None = None  # cap on cross-instance negatives per anchor; None: all B - 1
     aggr_loss_in_stage2: bool = True  # False is ablation 2d
+    # stage 3, trained with edits (foco-edits): NOT in the FoCo paper; 0 epochs (the default) is the paper's recipe
+    stage3_epochs: int = 0
+    lr_edit_aggr: float = 1e-4  # F_Aggr in stage 3
+    lr_edit_comp: float = 1e-4  # F_Comp in stage 3
+    edit_temperature: float = 0.05  # tau of the stage-3 losses
+    preserve_weight: float = 0.3  # weight of L_preserve (the source image) against L_compose (the target caption)
+    edit_negatives: bool = True  # negative captions as hard negatives
     seed: int = 0
     model: FoCoConfig = field(default_factory=FoCoConfig)
 
@@ -70,14 +80,33 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
                  tag={"stage": stage}, record=temperatures)
 
 
+def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig) -> Phase:
+    """Stage 3 (foco-edits, not in the paper): the instruction drives both modules, as at inference."""
+    from .losses import edit_losses
+
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,)
+        return edit_losses(model, edits.batch(idx), cfg.edit_temperature, cfg.preserve_weight, cfg.edit_negatives)
+
+    def optimizer() -> torch.optim.AdamW:
+        groups = [{"params": list(model.aggr.parameters()), "lr": cfg.lr_edit_aggr},
+                  {"params": list(model.comp.parameters()), "lr": cfg.lr_edit_comp}]
+        return torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+
+    return Phase(epochs=cfg.stage3_epochs, optimizer=optimizer, step=step, tag={"stage": 3}, n=len(edits))
+
+
 def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
-               meta: dict | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None
-               ) -> ComposedQueryEncoder:
+               meta: dict | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
+               edits: "EditTable | None" = None) -> ComposedQueryEncoder:
     """Trains on `table`, writes `out`/foco.safetensors + foco.json, the log and the loss curve; returns the model.
 
     `cfg` is not modified (the width is set on a copy). `meta` (e.g. the backbone spec) is stored in foco.json.
-    `on_step(global_step, losses)` is called after each step, counting from 0 across both stages.
+    `on_step(global_step, losses)` is called after each step, counting from 0 across the stages. With `edits` and
+    `cfg.stage3_epochs > 0` a third stage trains on ITT triplets (foco-edits, a departure from the paper); a run
+    that finished the two paper stages resumes into it.
     """
+    if cfg.stage3_epochs > 0 and edits is None:
+        raise ValueError("stage 3 (--stage3-epochs) trains on edits: pass --edits STORE")
     out = Path(out)
     refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
     cfg = replace(cfg, model=replace(cfg.model, dim=int(table.image_global.shape[1])))
@@ -86,11 +115,17 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     gen = torch.Generator().manual_seed(cfg.seed)  # the negatives
     model = ComposedQueryEncoder(cfg.model)
     loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo",
-                      plot_keys=("aggr", "comp"), plot_title="FoCo training loss per epoch (stage 1, then stage 2)")
-    run(model, [_stage(model, table, cfg, gen, 1), _stage(model, table, cfg, gen, 2)], out, loop, rng, resume, gen,
-        on_step)
+                      plot_keys=("aggr", "comp", "compose"),
+                      plot_title="FoCo training loss per epoch (stage 1, then stage 2" +
+                                 (", then the edit stage)" if cfg.stage3_epochs else ")"))
+    phases = [_stage(model, table, cfg, gen, 1), _stage(model, table, cfg, gen, 2)]
+    if cfg.stage3_epochs > 0:
+        phases.append(_edit_stage(model, edits, cfg))
+    run(model, phases, out, loop, rng, resume, gen, on_step)
     model.save(out)
-    _add_meta(out, {"train": {k: v for k, v in asdict(cfg).items() if k != "model"}, **(meta or {})})
+    recipe = {"recipe": "foco-edits: the paper's two stages, then a third on edit triplets (not in the FoCo paper)"} \
+        if cfg.stage3_epochs else {}
+    _add_meta(out, {"train": {k: v for k, v in asdict(cfg).items() if k != "model"}, **recipe, **(meta or {})})
     return model
 
 

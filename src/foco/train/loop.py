@@ -48,6 +48,7 @@ class Phase:
     tag: dict = field(default_factory=dict)  # e.g. {"stage": 1}: names the phase in the state, log and progress bar
     record: Callable[[int], dict] = lambda global_step: {}  # extra log fields after an epoch
     clip_params: Callable[[], Iterable[torch.nn.Parameter]] | None = None  # clipped together; None: the optimiser's
+    n: int | None = None  # examples per epoch when this phase has its own data; None: LoopConfig.n
 
 
 @dataclass
@@ -72,22 +73,26 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
         on_epoch: Callable[[dict], None] | None = None) -> None:
     """Trains `model` through `phases` and leaves it in eval mode. `generator`, a torch RNG the steps draw from, is
     saved and restored with the state. `on_epoch(record)` follows each epoch's log record."""
-    out, B = Path(out), min(cfg.batch_size, cfg.n)
-    steps = cfg.n // B
-    totals = [p.epochs * steps if cfg.max_steps is None else min(cfg.max_steps, p.epochs * steps) for p in phases]
+    out = Path(out)
+    sizes = [p.n or cfg.n for p in phases]  # N of each phase
+    batch = [min(cfg.batch_size, n) for n in sizes]  # B of each phase
+    steps = [n // b for n, b in zip(sizes, batch)]
+    totals = [p.epochs * s if cfg.max_steps is None else min(cfg.max_steps, p.epochs * s)
+              for p, s in zip(phases, steps)]
     first, epoch0, opt = 0, 0, None
     if resume and has_training_state(out / "train_state"):
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     for i, phase in enumerate(phases[first:], first):
-        opt, done = (opt, epoch0 * steps) if i == first and opt is not None else (_optimizer(phase), 0)
-        for epoch in range(done // steps, phase.epochs):
+        n, B, S = sizes[i], batch[i], steps[i]
+        opt, done = (opt, epoch0 * S) if i == first and opt is not None else (_optimizer(phase), 0)
+        for epoch in range(done // S, phase.epochs):
             if done >= totals[i]:
                 break
             model.train()
-            perm = torch.from_numpy(rng.permutation(cfg.n))  # (N,)
-            batches = [perm[s * B:(s + 1) * B] for s in range(min(steps, totals[i] - done))]  # each (B,)
+            perm = torch.from_numpy(rng.permutation(n))  # (N,)
+            batches = [perm[s * B:(s + 1) * B] for s in range(min(S, totals[i] - done))]  # each (B,)
             desc = " ".join([cfg.name, *_words(phase.tag), f"epoch {epoch + 1}/{phase.epochs}"])
             means = _epoch(phase, opt, batches, cfg, range(done, totals[i]), sum(totals[:i]), desc, on_step)
             done += len(batches)

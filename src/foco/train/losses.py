@@ -13,12 +13,16 @@ is a batch of F_Aggr queries (images x texts) and a batch of F_Comp queries (con
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
 from ..model.encoder import ComposedQueryEncoder
 from .data import TrainBatch
+
+if TYPE_CHECKING:
+    from .edit_data import EditBatch
 
 
 @dataclass
@@ -84,3 +88,27 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
         out["comp"] = -((_phi(pos_c, 1) * batch.local_mask).sum(1) + (_phi(neg_c, -1) * valid).sum(1)).mean()
     out["loss"] = out["aggr"] + out.get("comp", 0.0)
     return out
+
+
+def edit_losses(model: ComposedQueryEncoder, batch: "EditBatch", temperature: float, preserve_weight: float,
+                use_negatives: bool) -> dict[str, torch.Tensor]:
+    """FoCo's edit stage (foco-edits; not in the FoCo paper, after PACT's preserve-and-compose objectives):
+
+        h_b = h(source_b | instruction_b as anchor and context),  t_b = target caption, v_b = source image
+        L_compose  = [CE(h T^T / tau ++ h.negatives_b / tau, b) + CE(T h^T / tau, b)] / 2
+        L_preserve = CE(h V^T / tau, b)
+        loss = L_compose + preserve_weight * L_preserve
+
+    The negative captions (the edit not applied, applied to the wrong phrase) join each query's candidates as hard
+    negatives when `use_negatives`. Returns {"compose", "preserve", "loss"}."""
+    h = model.encode(batch.reference, batch.instruction).query  # (B, D), normalised
+    labels = torch.arange(h.shape[0])
+    to_targets = h @ batch.target.t() / temperature  # (B, B)
+    candidates = to_targets
+    if use_negatives:
+        neg = torch.einsum("bd,bkd->bk", h, batch.negatives) / temperature  # (B, Kn)
+        candidates = torch.cat([to_targets, neg.masked_fill(~batch.negative_mask, float("-inf"))], 1)  # (B, B + Kn)
+    compose = 0.5 * (F.cross_entropy(candidates, labels) + F.cross_entropy(to_targets.t(), labels))
+    source = F.normalize(batch.reference.global_, dim=-1)  # (B, D)
+    preserve = F.cross_entropy(h @ source.t() / temperature, labels)
+    return {"compose": compose, "preserve": preserve, "loss": compose + preserve_weight * preserve}

@@ -1,0 +1,87 @@
+"""Training data of FoCo's edit stage (foco-edits, a departure from the paper): ITT triplets of `foco.edits`
+joined with cached features, served as `EditBatch`es.
+
+The source images' features come from the training split's cache (global + patches); the instructions, target
+captions and negative captions are encoded once into their own text cache (`encode_edit_texts`, resumable).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from ..backbones.base import Backbone, ImageFeatures, TextFeatures
+from ..edits.schema import ITTRecord
+from ..features import ExtractConfig, FeatureCache, extract_texts
+
+
+@dataclass
+class EditBatch:
+    reference: ImageFeatures  # (B, D) v_g, (B, P, D) patches of the source images
+    instruction: TextFeatures  # (B, D), (B, L, D), (B, L): the instruction is anchor and context, as at inference
+    target: torch.Tensor  # (B, D) normalised target captions
+    negatives: torch.Tensor  # (B, Kn, D) normalised negative captions
+    negative_mask: torch.Tensor  # (B, Kn) bool
+
+
+@dataclass
+class EditTable:
+    """T triplets as indices into the image and text features."""
+
+    image_global: torch.Tensor  # (N, D) float32
+    patches: torch.Tensor  # (N, P, D) storage dtype
+    text_global: torch.Tensor  # (Nt, D) float32
+    text_tokens: torch.Tensor  # (Nt, L, D) storage dtype
+    text_mask: torch.Tensor  # (Nt, L) bool
+    source: torch.Tensor  # (T,) long: image row
+    instruction: torch.Tensor  # (T,) long: text row
+    target: torch.Tensor  # (T,) long: text row
+    negatives: torch.Tensor  # (T, Kn) long: text rows, -1 where a triplet has fewer
+
+    def __len__(self) -> int:
+        return self.source.shape[0]
+
+    def batch(self, idx: torch.Tensor) -> EditBatch:
+        """Gathers triplets `idx` (B,) into float32 tensors."""
+        src, ins = self.source[idx], self.instruction[idx]  # (B,)
+        mask = self.text_mask[ins]  # (B, L)
+        used = int(mask.any(0).nonzero().max()) + 1 if mask.any() else 1
+        neg = self.negatives[idx]  # (B, Kn)
+        return EditBatch(ImageFeatures(self.image_global[src], self.patches[src].float()),
+                         TextFeatures(self.text_global[ins], self.text_tokens[ins][:, :used].float(), mask[:, :used]),
+                         F.normalize(self.text_global[self.target[idx]], dim=-1),
+                         F.normalize(self.text_global[neg.clamp_min(0)], dim=-1), neg >= 0)
+
+
+def edit_texts(records: list[ITTRecord], max_negatives: int) -> list[str]:
+    return list(dict.fromkeys(t for r in records for t in (r.instruction, r.target_caption,
+                                                             *r.negatives[:max_negatives])))
+
+
+def encode_edit_texts(backbone: Backbone, records: list[ITTRecord], out: str | Path, max_negatives: int = 3,
+                      cfg: ExtractConfig = ExtractConfig()) -> dict:
+    """Encodes every instruction, target and negative caption once into `out` (resumable)."""
+    return extract_texts(backbone, [(t, t) for t in edit_texts(records, max_negatives)], out, cfg)
+
+
+def build_edit_table(image_cache: str | Path, text_cache: str | Path, records: list[ITTRecord],
+                     max_negatives: int = 3) -> EditTable:
+    image_ids, images = FeatureCache(image_cache).images(dtype=None)
+    text_ids, texts = FeatureCache(text_cache).texts(dtype=None)
+    img, txt = {i: n for n, i in enumerate(image_ids)}, {t: n for n, t in enumerate(text_ids)}
+    missing = sorted({r.source_id for r in records} - img.keys())
+    if missing:
+        raise ValueError(f"{len(missing)} source images of the edits are not in {image_cache}, e.g. {missing[:3]}")
+    absent = [t for t in edit_texts(records, max_negatives) if t not in txt]
+    if absent:
+        raise ValueError(f"{len(absent)} edit texts are not in {text_cache}, e.g. {absent[0]!r}; encode them "
+                         "with the same --edit-negatives")
+    negatives = torch.full((len(records), max_negatives), -1, dtype=torch.long)
+    for n, r in enumerate(records):
+        for k, t in enumerate(r.negatives[:max_negatives]):
+            negatives[n, k] = txt[t]
+    return EditTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask,
+                     torch.tensor([img[r.source_id] for r in records]), torch.tensor([txt[r.instruction] for r in records]),
+                     torch.tensor([txt[r.target_caption] for r in records]), negatives)
