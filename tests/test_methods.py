@@ -23,7 +23,8 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
     torch.manual_seed(0)
     ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(root / "foco")
     Pic2WordMapper(Pic2WordConfig(image_dim=32, token_dim=world_bb.token_dim, hidden_dim=16)).save(root / "p2w")
-    return MethodOptions(checkpoint=root / "foco", pic2word=root / "p2w", slerp_alpha=0.3, backbone=world_bb)
+    return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco", pic2word=root / "p2w", slerp_alpha=0.3,
+                         backbone=world_bb)
 
 
 def _batch(world_bb, n=5):  # noqa: F811

@@ -91,6 +91,7 @@ def _eval(a: argparse.Namespace) -> int:
     cfg = EvalConfig(methods=methods, slerp_alpha=float_or_val(a.slerp_alpha), chord=float_or_val(a.chord),
                      chord_shortlist=a.chord_shortlist, val=val,
                      options=MethodOptions(checkpoint=Path(a.checkpoint) if a.checkpoint else None,
+                                           foco_edits=Path(a.foco_edits) if a.foco_edits else None,
                                            pic2word=Path(a.pic2word) if a.pic2word else None, backbone=backbone),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
@@ -118,6 +119,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--methods", default="foco,image,text,sum",
                     help=f"comma-separated, from: {', '.join(METHODS.names())}")
     ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
+    ev.add_argument("--foco-edits", default=None, help="method foco-edits: a checkpoint of `foco train --edits`")
     ev.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (foco pic2word train)")
     ev.add_argument("--slerp-alpha", default="val", help="slerp's alpha, or 'val' to choose it on the val split")
     ev.add_argument("--chord", default=None, metavar="LAMBDA",

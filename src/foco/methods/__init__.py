@@ -17,6 +17,7 @@ from .base import MethodOptions, QueryBatch, QueryMethod
 
 METHODS = Registry("method")
 METHODS.register("foco", "foco.methods.foco:FoCoMethod")
+METHODS.register("foco-edits", "foco.methods.foco:FoCoEdits")  # trained with edits: not in the FoCo paper
 METHODS.register("pic2word", "foco.methods.pic2word:Pic2WordMethod")
 METHODS.register("slerp", "foco.methods.slerp:SlerpMethod")
 METHODS.register("image", "foco.methods.simple:ImageOnly")

@@ -32,6 +32,16 @@ class FoCoMethod(QueryMethod):
         return self.model.encode(batch.reference, batch.modification, attn_bias=batch.attn_bias, anchor=batch.anchor)
 
 
+class FoCoEdits(FoCoMethod):
+    """FoCo trained with the edit stage (foco-edits; not in the FoCo paper), side by side with the paper's FoCo."""
+
+    @classmethod
+    def from_options(cls, opts: MethodOptions) -> "FoCoEdits":
+        if opts.foco_edits is None:
+            raise ValueError("method 'foco-edits' needs --foco-edits DIR (a checkpoint of `foco train --edits`)")
+        return cls(opts.foco_edits)
+
+
 class DecomposedFoCo(FoCoMethod):
     """FoCo with T_m decomposed at inference (paper §3.4, optional): the anchor is T_m's first local phrase, encoded
     by the backbone's text tower; the context stays T_m. Subclasses name the decomposer."""
