@@ -89,7 +89,7 @@ def _eval(a: argparse.Namespace) -> int:
         backbone = create_backbone(spec, device=a.device)
     features, val = _sources(a, name, root, split, options, spec, backbone)
     cfg = EvalConfig(methods=methods, slerp_alpha=float_or_val(a.slerp_alpha), chord=float_or_val(a.chord),
-                     chord_shortlist=a.chord_shortlist, val=val,
+                     chord_shortlist=a.chord_shortlist, val=val, by_category=a.by_category,
                      options=MethodOptions(checkpoint=Path(a.checkpoint) if a.checkpoint else None,
                                            foco_edits=Path(a.foco_edits) if a.foco_edits else None,
                                            pic2word=Path(a.pic2word) if a.pic2word else None, backbone=backbone),
@@ -126,6 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="Chord scoring with this lambda for every method, or 'val' to choose it per method on val")
     ev.add_argument("--chord-shortlist", type=int, default=None,
                     help="Chord rescores only the cosine top-N of the gallery (default: all of it)")
+    ev.add_argument("--by-category", action="store_true",
+                    help="also R@1 per query category (world edit types, FashionIQ categories)")
     ev.add_argument("--backbone", default=None, help="backbone spec (default: the one the FoCo checkpoint records)")
     ev.add_argument("--cache", default=None, help="feature cache folder (default runs/cache/<benchmark>-<split>/"
                                                   "<backbone>; val choices use <cache>-val)")
