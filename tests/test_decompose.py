@@ -118,7 +118,9 @@ def test_prompt_has_few_shot_examples_and_limits():
 # ---------------------------------------------------------------- LLM client against a scripted server
 
 def llm_cfg(url, **kw):
-    chat = ChatConfig(url=url, model="fake", timeout_s=kw.pop("timeout_s", 0.5))
+    """A client with a 2 s timeout: short enough for the scripted 3 s hang, long enough that a loaded CI machine
+    does not time out a request the fake server answers at once."""
+    chat = ChatConfig(url=url, model="fake", timeout_s=kw.pop("timeout_s", 2.0))
     return LLMConfig(chat, min_pairs=1, max_pairs=5, backoff_s=0.01, backoff_max_s=0.02, **kw)
 
 
