@@ -55,11 +55,7 @@ class DecompositionStore:
         self.close()
 
     def register(self, settings: dict[str, Any]) -> str:
-        sid = settings_id(settings)
-        with self.db:
-            self.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
-                            (sid, str(settings.get("name", "?")), json.dumps(settings, sort_keys=True)))
-        return sid
+        return register_settings(self.db, settings)
 
     def done_hashes(self, sid: str) -> set[str]:
         return {h for (h,) in self.db.execute("SELECT caption_hash FROM decompositions WHERE settings_id = ?", (sid,))}
@@ -83,7 +79,7 @@ class DecompositionStore:
                                (sid,)).fetchone()[0]
 
     def settings(self) -> dict[str, dict[str, Any]]:
-        return {sid: json.loads(js) for sid, js in self.db.execute("SELECT settings_id, json FROM settings")}
+        return read_settings(self.db)
 
     def resolve(self, name: str) -> str:
         """The settings id of the one decomposer called `name` in this store (an id is accepted as is)."""
@@ -114,3 +110,17 @@ class DecompositionStore:
             raise StoreError(f"{len(missing)} of {len(wanted)} captions have no decomposition with settings {sid} "
                              f"in {self.path} (e.g. {missing[0]!r}); run `foco decompose` on them first")
         return found
+
+
+def register_settings(db: sqlite3.Connection, settings: dict[str, Any]) -> str:
+    """Records a job's settings in a store's `settings` table (once) and returns their id."""
+    sid = settings_id(settings)
+    with db:
+        db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
+                   (sid, str(settings.get("name", "?")), json.dumps(settings, sort_keys=True)))
+    return sid
+
+
+def read_settings(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
+    """settings id -> settings of every job recorded in a store."""
+    return {sid: json.loads(js) for sid, js in db.execute("SELECT settings_id, json FROM settings")}

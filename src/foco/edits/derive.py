@@ -96,7 +96,7 @@ def _spacy():
     return load_spacy()
 
 
-def derive_edits(caption_id: str, dec: Decomposition, pool: PhrasePool, rng: np.random.Generator, n: int = 1
+def derive_edits(dec: Decomposition, pool: PhrasePool, rng: np.random.Generator, n: int = 1
                  ) -> list[Edit]:
     """Up to `n` distinct edits of one caption, kinds drawn uniformly among those its decomposition allows."""
     out: list[Edit] = []

@@ -75,7 +75,7 @@ def _triplets(batch: list[tuple[str, Decomposition]], pool: PhrasePool, writer, 
     items = []
     for source_id, dec in batch:
         rng = caption_rng(cfg.seed, source_id)
-        items.append((dec.caption, derive_edits(source_id, dec, pool, rng, cfg.per_caption), rng))
+        items.append((dec.caption, derive_edits(dec, pool, rng, cfg.per_caption), rng))
     out = []
     for (source_id, dec), (_, edits, _), written in zip(batch, items, writer.write_batch(items)):
         out.append((source_id, [ITTRecord(source_id, dec.caption, e.kind, instruction, target, list(e.negatives),

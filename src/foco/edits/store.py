@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..decompose.schema import settings_id
+from ..decompose.store import read_settings, register_settings
 from .schema import ITTRecord
 
 _SCHEMA = """
@@ -34,11 +34,7 @@ class EditStore:
         self.db.close()
 
     def register(self, settings: dict[str, Any]) -> str:
-        sid = settings_id(settings)
-        with self.db:
-            self.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
-                            (sid, str(settings.get("name", "?")), json.dumps(settings, sort_keys=True)))
-        return sid
+        return register_settings(self.db, settings)
 
     def done_sources(self, sid: str) -> set[str]:
         return {s for (s,) in self.db.execute("SELECT source_id FROM sources WHERE settings_id = ?", (sid,))}
@@ -66,4 +62,4 @@ class EditStore:
                                     "ORDER BY kind", (sid,)).fetchall())
 
     def settings(self) -> dict[str, dict[str, Any]]:
-        return {sid: json.loads(js) for sid, js in self.db.execute("SELECT settings_id, json FROM settings")}
+        return read_settings(self.db)
