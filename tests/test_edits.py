@@ -12,7 +12,7 @@ import pytest
 
 from foco.cli import main
 from foco.decompose.schema import Decomposition, LocalContextPair
-from foco.edits.derive import PhrasePool, caption_rng, derive_edits, swap_once
+from foco.edits.derive import PhrasePool, caption_rng, derive_edits, like_article, locate, swap_once
 from foco.edits.rule import TEMPLATES, RuleWriter
 from foco.edits.run import GenerateConfig, run_generate
 from foco.edits.store import EditStore
@@ -61,13 +61,31 @@ def test_every_kind_derives_a_consistent_edit(pool):
                     assert e.target == next(p.context for p in dec.pairs if p.local == e.phrase)
                 elif e.kind == "replace":
                     assert e.new in e.target and swap_once(e.target, e.new, e.phrase) == dec.caption
-                    assert pool.parse[e.new][0] in pool.head_mates[pool.parse[e.phrase][0]]  # object for object
+                    donor, own = e.provenance["donor"], dec.pairs[e.provenance["pair"]].local
+                    assert pool.parse[donor][0] in pool.head_mates[pool.parse[own][0]]  # object for object
+                    settings = {pool.parse[donor][0] in pool.settings, pool.parse[own][0] in pool.settings}
+                    assert len(settings) == 1  # ... and setting for setting
                 elif e.kind == "attribute":
                     assert e.new in pool.kind_mates[e.old] and e.head in e.target
                     assert swap_once(e.target, swap_once(e.phrase, e.old, e.new), e.phrase) == dec.caption
                 elif e.kind == "add":
                     assert e.target == f"{dec.caption} with {e.new}" and e.new not in dec.caption
     assert set(seen) == {"remove", "replace", "attribute", "add"}
+
+
+def test_settings_are_one_kind_and_found_whatever_their_article(pool):
+    assert {"sea", "beach", "desert", "snow", "grass"} <= pool.settings and "circle" not in pool.settings
+    assert "beach" in pool.head_mates["sea"] and "circle" not in pool.head_mates["sea"]
+    assert locate("a star under the night sky", "a night sky") == "the night sky"
+    assert locate("a star on grass", "the grass") == "grass" and locate("a star", "a circle") is None
+    assert like_article("a forest", "the beach") == "the forest" and like_article("the forest", "grass") == "forest"
+    dec = _dec("a blue star against the sea", ["a blue star", "the sea"],
+               ["an empty scene against the sea", "a blue star"])
+    replaced = {e.target for s in range(60) for e in derive_edits(dec, pool, caption_rng(s, "bg"), n=4)
+                if e.kind == "replace" and e.provenance["pair"] == 1}
+    assert replaced and all(t.startswith("a blue star against the ") and "sea" not in t for t in replaced)
+    added = [e for s in range(60) for e in derive_edits(dec, pool, caption_rng(s, "bg"), n=4) if e.kind == "add"]
+    assert added and all(pool.parse[e.new][0] not in pool.settings for e in added)  # never a second setting
 
 
 def test_derivation_is_deterministic_per_caption(pool):

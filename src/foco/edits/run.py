@@ -8,7 +8,7 @@ from pathlib import Path
 from ..decompose.schema import Decomposition
 from ..utils.io import iter_batches
 from ..utils.progress import Bar
-from .derive import PhrasePool, caption_rng, derive_edits
+from .derive import DERIVATION, PhrasePool, caption_rng, derive_edits
 from .schema import ITTRecord
 from .store import EditStore
 
@@ -49,7 +49,7 @@ def run_generate(sources: list[tuple[str, Decomposition]], writer, store_path: s
         raise ValueError(f"{len(ids) - len(set(ids))} source ids repeat; each image must appear once")
     pool = pool or PhrasePool.build([d for _, d in sources], min_shared_heads=cfg.min_shared_heads)
     settings = {"name": writer.settings["name"], "writer": writer.settings, "per_caption": cfg.per_caption,
-                "seed": cfg.seed, "min_shared_heads": cfg.min_shared_heads}
+                "seed": cfg.seed, "min_shared_heads": cfg.min_shared_heads, "derivation": DERIVATION}
     stats = GenerateStats(sources=len(sources))
     with EditStore(store_path) as store:
         sid = stats.settings_id = store.register(settings)
