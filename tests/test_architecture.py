@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "foco"
-FORBIDDEN = (("foco.backbones", "foco.world"), ("foco.decompose", "foco.world"))  # (importer, imported) prefixes
+FORBIDDEN = (("foco.backbones", "foco.world"), ("foco.decompose", "foco.world"), ("foco.edits", "foco.world"))  # (importer, imported) prefixes
 
 
 def _modules() -> dict[str, Path]:

@@ -211,3 +211,36 @@ def test_llm_writer_validates_retries_and_falls_back_flagged(tmp_path, capsys):
         assert main(["edits", "generate", "--in", str(inp), "--out", str(tmp_path / "x.sqlite"), "--writer", "llm",
                      "--llm-url", server.url]) == 2
     assert "HTTP 401" in capsys.readouterr().err
+
+
+def test_rewritten_benchmark_keeps_everything_but_the_phrasing(tiny_world, tmp_path, capsys):
+    """`foco edits rewrite`: the same queries, references, targets and galleries; every instruction rewritten by
+    the held-out templates, none of them a world phrasing; the original kept beside it; the evaluator reads it."""
+    from foco.cli import main
+    from foco.edits.rule import TEMPLATES
+    from foco.utils.io import read_jsonl
+    from foco.world.edits import PHRASINGS
+    from foco.world.manifest import load_benchmark
+    out = tmp_path / "heldout"
+    assert main(["edits", "rewrite", "--root", str(tiny_world), "--split", "test", "--out", str(out)]) == 0
+    heldout = [t.split("{")[0] for ts in TEMPLATES["heldout"].values() for t in ts if t.split("{")[0].strip()]
+    world_starts = [t.split("{")[0] for ts in PHRASINGS.values() for t in ts if t.split("{")[0].strip()]
+    for proto in ("single", "multi"):
+        old = read_jsonl(tiny_world / "benchmarks" / "test" / proto / "queries.jsonl")
+        new = read_jsonl(out / "benchmarks" / "test" / proto / "queries.jsonl")
+        drop = ("modification", "original_modification")
+        assert [{k: v for k, v in q.items() if k not in drop} for q in new] == \
+            [{k: v for k, v in q.items() if k not in drop} for q in old]
+        assert [q["original_modification"] for q in new] == [q["modification"] for q in old]
+        for q in new:
+            m = q["modification"]
+            assert m != q["original_modification"] and not any(m.startswith(s) for s in world_starts), m
+            assert any(m.startswith(s) for s in heldout) or m.split()[-1] == "please", m
+        a, b = load_benchmark(tiny_world, "test", proto), load_benchmark(out, "test", proto)
+        assert (a.query_ids, a.references, a.targets, a.gallery_ids) == (b.query_ids, b.references, b.targets,
+                                                                          b.gallery_ids)
+        assert all(p.is_file() for p in b.gallery_images[:3])
+    with pytest.raises(ValueError, match="source world"):
+        from foco.world.rewrite import rewrite_benchmark
+        from foco.edits.rule import RuleWriter
+        rewrite_benchmark(tiny_world, "test", tiny_world, RuleWriter("heldout"))

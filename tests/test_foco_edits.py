@@ -26,15 +26,16 @@ def _random_batch(B=5, D=16, P=4, L=6, Kn=2, seed=0) -> EditBatch:
                      TextFeatures(F.normalize(torch.randn(B, D, generator=g), dim=-1), torch.randn(B, L, D, generator=g),
                                   mask),
                      F.normalize(torch.randn(B, D, generator=g), dim=-1),
-                     F.normalize(torch.randn(B, Kn, D, generator=g), dim=-1), neg_mask)
+                     F.normalize(torch.randn(B, Kn, D, generator=g), dim=-1), neg_mask, [f"edit {i}" for i in range(B)],
+                     F.normalize(torch.randn(B, D, generator=g), dim=-1), torch.tensor([True, False, True, True, False]))
 
 
-@pytest.mark.parametrize("use_negatives", [True, False])
-def test_edit_losses_match_a_per_example_twin(use_negatives):
+@pytest.mark.parametrize("use_negatives,image_weight", [(True, 0.0), (False, 0.0), (True, 0.5)])
+def test_edit_losses_match_a_per_example_twin(use_negatives, image_weight):
     torch.manual_seed(0)
     model = ComposedQueryEncoder(FoCoConfig(dim=16, heads=4)).eval()
     b, tau, w = _random_batch(), 0.07, 0.3
-    got = edit_losses(model, b, tau, w, use_negatives)
+    got = edit_losses(model, b, tau, w, use_negatives, image_weight)
     B = b.target.shape[0]
     with torch.no_grad():  # one example at a time
         h = [model.encode(ImageFeatures(b.reference.global_[i:i + 1], b.reference.patches[i:i + 1]),
@@ -54,7 +55,17 @@ def test_edit_losses_match_a_per_example_twin(use_negatives):
     compose = 0.5 * (compose_rows + compose_cols) / B
     assert got["compose"].item() == pytest.approx(compose, abs=1e-4)
     assert got["preserve"].item() == pytest.approx(preserve / B, abs=1e-4)
-    assert got["loss"].item() == pytest.approx(compose + w * preserve / B, abs=1e-4)
+    image = 0.0
+    rows = [i for i in range(B) if b.has_target_image[i]]  # only triplets with a target image, among themselves
+    for i in rows:
+        logits = [float(h[i] @ b.target_image[j]) / tau for j in rows]
+        image += -(logits[rows.index(i)] - torch.logsumexp(torch.tensor(logits), 0).item())
+    image /= len(rows)
+    if image_weight:
+        assert got["target_image"].item() == pytest.approx(image, abs=1e-4)
+    else:
+        assert "target_image" not in got
+    assert got["loss"].item() == pytest.approx(compose + w * preserve / B + image_weight * image, abs=1e-4)
 
 
 @pytest.fixture(scope="module")

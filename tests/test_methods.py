@@ -16,15 +16,20 @@ NEEDS_SERVER = {"foco+llm"}  # its decomposer talks to an LLM server (test_decom
 
 @pytest.fixture(scope="module")
 def options(world_bb, tmp_path_factory):  # noqa: F811
-    """A random FoCo checkpoint and Pic2Word mapper on the small world backbone's 32-d space."""
+    """A random FoCo checkpoint, Pic2Word mapper and PACT / TSCIR composers on the small world backbone's 32-d space."""
     from foco.methods.pic2word import Pic2WordConfig, Pic2WordMapper
     from foco.model import ComposedQueryEncoder, FoCoConfig
     root = tmp_path_factory.mktemp("methods")
     torch.manual_seed(0)
     ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(root / "foco")
     Pic2WordMapper(Pic2WordConfig(image_dim=32, token_dim=world_bb.token_dim, hidden_dim=16)).save(root / "p2w")
+    from foco.backbones.tunable import TextTuneConfig
+    from foco.train.pact import build_composer
+    for method, mapper in (("pact", "pic2word"), ("tscir", "vsi")):
+        build_composer(method, mapper, Pic2WordConfig(hidden_dim=16), TextTuneConfig(), world_bb, 32,
+                       patch_dim=32).save(root / method)
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco", pic2word=root / "p2w", slerp_alpha=0.3,
-                         backbone=world_bb)
+                         pact=root / "pact", tscir=root / "tscir", backbone=world_bb)
 
 
 def _batch(world_bb, n=5):  # noqa: F811

@@ -25,15 +25,21 @@ def _sources(a: argparse.Namespace) -> list:
     return [(r.id, found[r.caption]) for r in records]
 
 
-def _generate(a: argparse.Namespace) -> int:
+def make_writer(a: argparse.Namespace):
+    """The writer of --writer (rule with --templates, or llm with the --llm-* options)."""
     from ..decompose.client import RetryPolicy
     from ..edits import WriterOptions, build_writer
     from ..edits.llm import LLMWriterConfig
-    from ..edits.run import GenerateConfig, run_generate
     llm = LLMWriterConfig(chat_config(a), RetryPolicy(max_retries=a.retries, backoff_s=a.backoff),
-                          concurrency=a.concurrency, write_target=a.llm_target) if a.writer == "llm" else None
+                          concurrency=a.concurrency, write_target=getattr(a, "llm_target", False)) \
+        if a.writer == "llm" else None
+    return build_writer(a.writer, WriterOptions(a.templates, llm))
+
+
+def _generate(a: argparse.Namespace) -> int:
+    from ..edits.run import GenerateConfig, run_generate
     sources = _sources(a)
-    writer = build_writer(a.writer, WriterOptions(a.templates, llm))
+    writer = make_writer(a)
     cfg = GenerateConfig(per_caption=a.per_caption, seed=a.seed, min_shared_heads=a.min_shared_heads,
                          batch_size=a.batch_size)
     try:
@@ -45,6 +51,20 @@ def _generate(a: argparse.Namespace) -> int:
     if getattr(writer, "stats", None):
         print("writer: " + ", ".join(f"{k}={v}" for k, v in sorted(writer.stats.items())))
     print(f"store: {a.out} (settings id {stats.settings_id})")
+    return 0
+
+
+def _rewrite(a: argparse.Namespace) -> int:
+    from ..world.rewrite import rewrite_benchmark
+    writer = make_writer(a)
+    try:
+        counts = rewrite_benchmark(a.root, a.split, a.out, writer, a.seed)
+    finally:
+        if hasattr(writer, "close"):
+            writer.close()
+    print(f"rewrote {', '.join(f'{n} {p} queries' for p, n in counts.items())} with the {a.writer} writer"
+          + (f" ({a.templates} templates)" if a.writer == "rule" else "") + f" into {a.out}; evaluate with "
+          f"foco eval --benchmark world --root {a.out} --split {a.split} --backbone ...")
     return 0
 
 
@@ -73,3 +93,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
     add_llm_args(g)
     g.set_defaults(func=_generate)
+
+    r = ed.add_parser("rewrite", help="a world benchmark with its instructions rewritten (phrasing robustness)")
+    r.add_argument("--root", required=True, help="world folder")
+    r.add_argument("--split", default="test", choices=["val", "test"])
+    r.add_argument("--out", required=True, help="a new world folder: rewritten queries, the same galleries")
+    r.add_argument("--writer", default="rule", choices=WRITERS.names())
+    r.add_argument("--templates", default="heldout", choices=["train", "heldout"],
+                   help="rule writer: the held-out templates (default) that training never sees")
+    r.add_argument("--seed", type=int, default=0)
+    add_llm_args(r)
+    r.set_defaults(func=_rewrite)

@@ -92,7 +92,9 @@ def _eval(a: argparse.Namespace) -> int:
                      chord_shortlist=a.chord_shortlist, val=val, by_category=a.by_category,
                      options=MethodOptions(checkpoint=Path(a.checkpoint) if a.checkpoint else None,
                                            foco_edits=Path(a.foco_edits) if a.foco_edits else None,
-                                           pic2word=Path(a.pic2word) if a.pic2word else None, backbone=backbone),
+                                           pic2word=Path(a.pic2word) if a.pic2word else None,
+                                           pact=Path(a.pact) if a.pact else None,
+                                           tscir=Path(a.tscir) if a.tscir else None, backbone=backbone),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
     results = evaluate(parts, features, cfg, backbone_spec=spec)
@@ -121,6 +123,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
     ev.add_argument("--foco-edits", default=None, help="method foco-edits: a checkpoint of `foco train --edits`")
     ev.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (foco pic2word train)")
+    ev.add_argument("--pact", default=None, help="method pact: a folder of `foco pact train`")
+    ev.add_argument("--tscir", default=None, help="method tscir: a folder of `foco tscir train`")
     ev.add_argument("--slerp-alpha", default="val", help="slerp's alpha, or 'val' to choose it on the val split")
     ev.add_argument("--chord", default=None, metavar="LAMBDA",
                     help="Chord scoring with this lambda for every method, or 'val' to choose it per method on val")

@@ -35,10 +35,14 @@ def _train(a: argparse.Namespace) -> int:
                           max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias),
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
-                          edit_negatives=not a.no_edit_negatives)
+                          edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight)
     table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer))
     spec = FeatureCache(a.features).manifest["backbone"]
     edits = _edit_table(a, spec) if a.edits else None
+    if edits is not None and a.image_weight > 0:
+        from ..train.targets import parse_threshold
+        edits, match = edits.with_targets(parse_threshold(a.target_threshold))
+        print(match.summary())
     train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits)
     print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
           f"curve {a.out}/loss_curve.png")
@@ -46,7 +50,8 @@ def _train(a: argparse.Namespace) -> int:
 
 
 def _edit_table(a: argparse.Namespace, spec: str):
-    """The ITT triplets of --edits joined with the training features; their texts encoded once (resumable)."""
+    """The ITT triplets of --edits joined with the training features; their texts encoded once (resumable).
+    Reads a.edits, a.edit_settings, a.edit_features, a.out, a.features (shared by foco train, pact, tscir)."""
     from ..backbones import create_backbone
     from ..edits.store import EditStore
     from ..train.edit_data import build_edit_table, encode_edit_texts
@@ -112,6 +117,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     ed.add_argument("--lr-edit", type=float, default=1e-4)
     ed.add_argument("--preserve-weight", type=float, default=0.3, help="weight of L_preserve (the source image)")
     ed.add_argument("--no-edit-negatives", action="store_true", help="no negative captions as hard negatives")
+    ed.add_argument("--image-weight", type=float, default=0.0,
+                    help="weight of the retrieved target image's InfoNCE (0: captions only; see --target-threshold)")
+    ed.add_argument("--target-threshold", default="auto",
+                    help="target images retrieved from the corpus: a cosine, or 'auto' (the corpus's median "
+                         "caption-image cosine)")
     tr.set_defaults(func=_train)
 
     pw = sub.add_parser("pic2word", help="the Pic2Word baseline").add_subparsers(dest="action", required=True)

@@ -19,6 +19,8 @@ METHODS = Registry("method")
 METHODS.register("foco", "foco.methods.foco:FoCoMethod")
 METHODS.register("foco-edits", "foco.methods.foco:FoCoEdits")  # trained with edits: not in the FoCo paper
 METHODS.register("pic2word", "foco.methods.pic2word:Pic2WordMethod")
+METHODS.register("pact", "foco.methods.composer:PACTMethod")  # seeds/pact-chord.txt
+METHODS.register("tscir", "foco.methods.composer:TSCIRMethod")  # seeds/tscir-mapping-to-composing.txt
 METHODS.register("slerp", "foco.methods.slerp:SlerpMethod")
 METHODS.register("image", "foco.methods.simple:ImageOnly")
 METHODS.register("text", "foco.methods.text_only:TextOnly")

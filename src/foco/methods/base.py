@@ -38,6 +38,8 @@ class MethodOptions:
     checkpoint: Path | None = None  # FoCo checkpoint folder (foco.safetensors + foco.json)
     foco_edits: Path | None = None  # a FoCo checkpoint trained with the edit stage (`foco train --edits`)
     pic2word: Path | None = None  # Pic2Word mapper folder (`foco pic2word train`)
+    pact: Path | None = None  # PACT composer folder (`foco pact train`)
+    tscir: Path | None = None  # TSCIR composer folder (`foco tscir train`)
     slerp_alpha: float = 0.5  # slerp's interpolation weight (0: image, 1: text)
     backbone: "Backbone | None" = None  # the text tower, for methods with needs_text_tower
 

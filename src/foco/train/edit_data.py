@@ -6,8 +6,9 @@ captions and negative captions are encoded once into their own text cache (`enco
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -15,6 +16,9 @@ import torch.nn.functional as F
 from ..backbones.base import Backbone, ImageFeatures, TextFeatures
 from ..edits.schema import ITTRecord
 from ..features import ExtractConfig, FeatureCache, extract_texts
+
+if TYPE_CHECKING:
+    from .targets import TargetMatch
 
 
 @dataclass
@@ -24,6 +28,9 @@ class EditBatch:
     target: torch.Tensor  # (B, D) normalised target captions
     negatives: torch.Tensor  # (B, Kn, D) normalised negative captions
     negative_mask: torch.Tensor  # (B, Kn) bool
+    texts: list[str]  # the B instructions themselves (methods that re-read them with the text tower)
+    target_image: torch.Tensor  # (B, D) normalised global of the retrieved target image; zeros where none
+    has_target_image: torch.Tensor  # (B,) bool
 
 
 @dataclass
@@ -39,6 +46,9 @@ class EditTable:
     instruction: torch.Tensor  # (T,) long: text row
     target: torch.Tensor  # (T,) long: text row
     negatives: torch.Tensor  # (T, Kn) long: text rows, -1 where a triplet has fewer
+    instructions: list[str]  # (T,) the instruction texts
+    source_caption: torch.Tensor  # (T,) long: text row of the source caption
+    target_image: torch.Tensor  # (T,) long: image row of the retrieved target image, -1 where none (`with_targets`)
 
     def __len__(self) -> int:
         return self.source.shape[0]
@@ -49,14 +59,33 @@ class EditTable:
         mask = self.text_mask[ins]  # (B, L)
         used = int(mask.any(0).nonzero().max()) + 1 if mask.any() else 1
         neg = self.negatives[idx]  # (B, Kn)
+        tgt = self.target_image[idx]  # (B,)
+        target_image = F.normalize(self.image_global[tgt.clamp_min(0)], dim=-1) * (tgt >= 0)[:, None]  # (B, D)
         return EditBatch(ImageFeatures(self.image_global[src], self.patches[src].float()),
                          TextFeatures(self.text_global[ins], self.text_tokens[ins][:, :used].float(), mask[:, :used]),
                          F.normalize(self.text_global[self.target[idx]], dim=-1),
-                         F.normalize(self.text_global[neg.clamp_min(0)], dim=-1), neg >= 0)
+                         F.normalize(self.text_global[neg.clamp_min(0)], dim=-1), neg >= 0,
+                         [self.instructions[i] for i in idx.tolist()], target_image, tgt >= 0)
+
+    def subset(self, keep: torch.Tensor) -> "EditTable":
+        """The triplets where `keep` (T,) is True (e.g. those with a target image)."""
+        rows = keep.nonzero().flatten()
+        return replace(self, source=self.source[rows], instruction=self.instruction[rows], target=self.target[rows],
+                       negatives=self.negatives[rows], instructions=[self.instructions[i] for i in rows.tolist()],
+                       source_caption=self.source_caption[rows], target_image=self.target_image[rows])
+
+    def with_targets(self, threshold: "float | str" = "auto") -> tuple["EditTable", "TargetMatch"]:
+        """A copy whose triplets carry their target image retrieved from this table's images
+        (`foco.train.targets.match_targets`), and the match."""
+        from .targets import match_targets
+        text = F.normalize(self.text_global.float(), dim=-1)
+        images = F.normalize(self.image_global.float(), dim=-1)
+        match = match_targets(text[self.target], images, self.source, threshold, text[self.source_caption])
+        return replace(self, target_image=match.rows), match
 
 
 def edit_texts(records: list[ITTRecord], max_negatives: int) -> list[str]:
-    return list(dict.fromkeys(t for r in records for t in (r.instruction, r.target_caption,
+    return list(dict.fromkeys(t for r in records for t in (r.instruction, r.target_caption, r.source_caption,
                                                              *r.negatives[:max_negatives])))
 
 
@@ -84,4 +113,6 @@ def build_edit_table(image_cache: str | Path, text_cache: str | Path, records: l
             negatives[n, k] = txt[t]
     return EditTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask,
                      torch.tensor([img[r.source_id] for r in records]), torch.tensor([txt[r.instruction] for r in records]),
-                     torch.tensor([txt[r.target_caption] for r in records]), negatives)
+                     torch.tensor([txt[r.target_caption] for r in records]), negatives,
+                     [r.instruction for r in records], torch.tensor([txt[r.source_caption] for r in records]),
+                     torch.full((len(records),), -1, dtype=torch.long))

@@ -46,6 +46,7 @@ class FoCoTrainConfig:
     edit_temperature: float = 0.05  # tau of the stage-3 losses
     preserve_weight: float = 0.3  # weight of L_preserve (the source image) against L_compose (the target caption)
     edit_negatives: bool = True  # negative captions as hard negatives
+    image_weight: float = 0.0  # weight of L_image (the retrieved target image, where the table has one)
     seed: int = 0
     model: FoCoConfig = field(default_factory=FoCoConfig)
 
@@ -85,7 +86,8 @@ def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainC
     from .losses import edit_losses
 
     def step(idx: torch.Tensor) -> Losses:  # idx (B,)
-        return edit_losses(model, edits.batch(idx), cfg.edit_temperature, cfg.preserve_weight, cfg.edit_negatives)
+        return edit_losses(model, edits.batch(idx), cfg.edit_temperature, cfg.preserve_weight, cfg.edit_negatives,
+                           cfg.image_weight)
 
     def optimizer() -> torch.optim.AdamW:
         groups = [{"params": list(model.aggr.parameters()), "lr": cfg.lr_edit_aggr},

@@ -91,24 +91,45 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
 
 
 def edit_losses(model: ComposedQueryEncoder, batch: "EditBatch", temperature: float, preserve_weight: float,
-                use_negatives: bool) -> dict[str, torch.Tensor]:
+                use_negatives: bool, image_weight: float = 0.0) -> dict[str, torch.Tensor]:
     """FoCo's edit stage (foco-edits; not in the FoCo paper, after PACT's preserve-and-compose objectives):
 
         h_b = h(source_b | instruction_b as anchor and context),  t_b = target caption, v_b = source image
         L_compose  = [CE(h T^T / tau ++ h.negatives_b / tau, b) + CE(T h^T / tau, b)] / 2
         L_preserve = CE(h V^T / tau, b)
-        loss = L_compose + preserve_weight * L_preserve
+        L_image    = CE(h_r I^T / tau, r) over the triplets r with a retrieved target image I_r (`image_weight`)
+        loss = L_compose + preserve_weight * L_preserve + image_weight * L_image
 
     The negative captions (the edit not applied, applied to the wrong phrase) join each query's candidates as hard
     negatives when `use_negatives`. Returns {"compose", "preserve", "loss"}."""
     h = model.encode(batch.reference, batch.instruction).query  # (B, D), normalised
-    labels = torch.arange(h.shape[0])
-    to_targets = h @ batch.target.t() / temperature  # (B, B)
+    compose = compose_loss(h, batch.target, batch.negatives if use_negatives else None, batch.negative_mask,
+                           temperature)
+    preserve = info_nce(h, F.normalize(batch.reference.global_, dim=-1), temperature)
+    out = {"compose": compose, "preserve": preserve, "loss": compose + preserve_weight * preserve}
+    if image_weight > 0 and bool(batch.has_target_image.any()):
+        rows = batch.has_target_image.nonzero().flatten()  # triplets with a retrieved target image
+        out["target_image"] = info_nce(h[rows], batch.target_image[rows], temperature)
+        out["loss"] = out["loss"] + image_weight * out["target_image"]
+    return out
+
+
+def info_nce(query: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
+    """CE(query keys^T / tau, b): query b's positive is key b; both (B, D) normalised."""
+    return F.cross_entropy(query @ keys.t() / temperature, torch.arange(query.shape[0]))
+
+
+def compose_loss(query: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor | None,
+                 negative_mask: torch.Tensor | None, temperature: float) -> torch.Tensor:
+    """Symmetric InfoNCE of B queries (B, D) against their target captions (B, D); with `negatives` (B, Kn, D)
+    (valid where `negative_mask` (B, Kn)), each query's own negative captions join its candidates:
+
+        [CE(q T^T / tau ++ q.negatives_b / tau, b) + CE(T q^T / tau, b)] / 2
+    """
+    labels = torch.arange(query.shape[0])
+    to_targets = query @ target.t() / temperature  # (B, B)
     candidates = to_targets
-    if use_negatives:
-        neg = torch.einsum("bd,bkd->bk", h, batch.negatives) / temperature  # (B, Kn)
-        candidates = torch.cat([to_targets, neg.masked_fill(~batch.negative_mask, float("-inf"))], 1)  # (B, B + Kn)
-    compose = 0.5 * (F.cross_entropy(candidates, labels) + F.cross_entropy(to_targets.t(), labels))
-    source = F.normalize(batch.reference.global_, dim=-1)  # (B, D)
-    preserve = F.cross_entropy(h @ source.t() / temperature, labels)
-    return {"compose": compose, "preserve": preserve, "loss": compose + preserve_weight * preserve}
+    if negatives is not None:
+        neg = torch.einsum("bd,bkd->bk", query, negatives) / temperature  # (B, Kn)
+        candidates = torch.cat([to_targets, neg.masked_fill(~negative_mask, float("-inf"))], 1)  # (B, B + Kn)
+    return 0.5 * (F.cross_entropy(candidates, labels) + F.cross_entropy(to_targets.t(), labels))

@@ -1,0 +1,122 @@
+"""`foco pact train` and `foco tscir train`: the methods that compose in the text tower, trained on ITT triplets."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from .train import _edit_table
+
+
+def _common(a: argparse.Namespace):
+    from ..backbones import create_backbone
+    from ..backbones.tunable import TextTuneConfig
+    from ..features import FeatureCache
+    spec = a.backbone or FeatureCache(a.features).manifest["backbone"]
+    text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
+    return spec, create_backbone(spec), _edit_table(a, spec), text
+
+
+def _pact_train(a: argparse.Namespace) -> int:
+    from ..train.pact import PACTTrainConfig, train_pact
+    spec, backbone, edits, text = _common(a)
+    cfg = PACTTrainConfig(identity_epochs=a.identity_epochs, joint_epochs=a.joint_epochs, batch_size=a.batch_size,
+                          lr_warmup=a.lr_warmup, lr_mapper=a.lr_mapper, lr_text=a.lr_text,
+                          compose_weight=a.compose_weight, preserve_weight=a.preserve_weight,
+                          visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
+                          max_steps=a.max_steps, seed=a.seed, text=text)
+    train_pact(edits, backbone, a.out, cfg, resume=a.resume)
+    print(f"PACT in {a.out}; use it with foco eval --methods pact --pact {a.out} (Chord: --chord val)")
+    return 0
+
+
+def _tscir_train(a: argparse.Namespace) -> int:
+    from ..train.targets import parse_threshold
+    from ..train.tscir import TSCIRTrainConfig, train_tscir
+    spec, backbone, edits, text = _common(a)
+    cfg = TSCIRTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
+                           lr_stage1=a.lr_stage1, lr_stage2=a.lr_stage2, soft_weight=a.soft_weight,
+                           threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
+                           max_steps=a.max_steps, seed=a.seed, text=text)
+    _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
+    print(match.summary())
+    if a.world:
+        report = check_world_targets(a, edits, match)
+        print("retrieved targets against the world's scenes (fit the target caption / exactly the edited scene): "
+              + ", ".join(f"{k} {v.get('fits', 0)}/{v.get('retrieved', 0)}, {v.get('right', 0)}/{v.get('parsed', 0)}"
+                          for k, v in report.items()))
+    print(f"TSCIR in {a.out}; use it with foco eval --methods tscir --tscir {a.out}")
+    return 0
+
+
+def check_world_targets(a: argparse.Namespace, edits, match) -> dict:
+    """How often the retrieved targets are right, from the world's manifests; written to OUT/targets_check.json."""
+    from ..edits.store import EditStore
+    from ..features import FeatureCache
+    from ..utils.io import atomic_write_text, read_jsonl
+    from ..world.scene import Scene
+    from ..world.targets import check_targets
+    scenes = {str(r["id"]): Scene.from_dict(r["scene"])
+              for r in read_jsonl(Path(a.world) / "pairs" / f"{a.split}.jsonl", required=("id", "scene"))}
+    image_ids, _ = FeatureCache(a.features).images(dtype=None)
+    with EditStore(a.edits) as store:
+        settings = list(store.settings())
+        records = [r.to_dict() for r in store.records(a.edit_settings or settings[0])]
+    sources = [scenes[r["source_id"]] for r in records]
+    got = [scenes[image_ids[row]] if row >= 0 else None for row in match.rows.tolist()]
+    report = check_targets(records, sources, got)
+    atomic_write_text(Path(a.out) / "targets_check.json", json.dumps(
+        {"threshold": match.threshold, "kept": int(match.kept.sum()), "triplets": len(records), "per_kind": report},
+        indent=2) + "\n")
+    return report
+
+
+def _data_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--features", required=True, help="feature cache of the training split (the source images)")
+    p.add_argument("--edits", required=True, help="SQLite store of `foco edits generate`")
+    p.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
+    p.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
+    p.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
+    p.add_argument("--out", required=True)
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
+                   help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")
+    p.add_argument("--lora-rank", type=int, default=8)
+    p.add_argument("--lora-alpha", type=float, default=16.0)
+    p.add_argument("--max-steps", type=int, default=None, help="cap on each phase's steps (smoke runs)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    pact = sub.add_parser("pact", help="PACT: preserve-and-compose training on ITT triplets").add_subparsers(
+        dest="action", required=True)
+    p = pact.add_parser("train", help="train PACT's mapper and text tower on edit triplets")
+    _data_args(p)
+    p.add_argument("--identity-epochs", type=int, default=1, help="warm-up of the mapper alone (0 with --mapper-init)")
+    p.add_argument("--joint-epochs", type=int, default=3)
+    p.add_argument("--lr-warmup", type=float, default=1e-4)
+    p.add_argument("--lr-mapper", type=float, default=3e-5)
+    p.add_argument("--lr-text", type=float, default=1e-5)
+    p.add_argument("--compose-weight", type=float, default=1.0, help="L_compose (0: preserve-only ablation)")
+    p.add_argument("--preserve-weight", type=float, default=1.0, help="L_preserve (0: compose-only ablation)")
+    p.add_argument("--visual-weight", type=float, default=0.0, help="alpha of L_visual")
+    p.add_argument("--no-negatives", action="store_true", help="no negative captions in L_compose")
+    p.add_argument("--mapper-init", default=None, help="a Pic2Word checkpoint to start the mapper from")
+    p.set_defaults(func=_pact_train)
+
+    tscir = sub.add_parser("tscir", help="TSCIR: mapping, then composing on synthetic triplets").add_subparsers(
+        dest="action", required=True)
+    t = tscir.add_parser("train", help="train TSCIR's two stages")
+    _data_args(t)
+    t.add_argument("--stage1-epochs", type=int, default=3)
+    t.add_argument("--stage2-epochs", type=int, default=3)
+    t.add_argument("--lr-stage1", type=float, default=1e-4)
+    t.add_argument("--lr-stage2", type=float, default=1e-5)
+    t.add_argument("--soft-weight", type=float, default=1.0, help="weight of the soft text alignment")
+    t.add_argument("--target-threshold", default="auto",
+                   help="a cosine, or 'auto': the corpus's median caption-image cosine")
+    t.add_argument("--max-triplets", type=int, default=None, help="keep at most this many synthetic triplets")
+    t.add_argument("--world", default=None, help="a world folder: check the retrieved targets against its scenes")
+    t.add_argument("--split", default="train", help="with --world: the pairs split of --features")
+    t.set_defaults(func=_tscir_train)
