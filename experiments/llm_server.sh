@@ -3,11 +3,13 @@
 # Qwen2.5-Coder-0.5B-Instruct (GGUF Q4_K_M, shipped in six PyPI parts), then
 #   1. tests/test_llm_server.py (decomposes world captions through `foco decompose` against the real server), and
 #   2. experiments/decomposition_quality.py on N world captions (precision / recall against the oracle, captions/s),
-#   3. `foco edits generate --writer llm` on the first M world training captions (triplets/s, retries, flagged).
+#   3. `foco edits generate --writer llm` on the first M world training captions (triplets/s, retries, flagged),
+#   4. `foco edits rewrite --writer llm`: the test benchmark with every instruction rewritten by the LLM, into
+#      $OUT/world-llm (evaluate it with foco eval --benchmark world --root $OUT/world-llm --split test ...).
 # Building llama-cpp-python from source takes ~4.5 min on 2 cores, so this is not part of `make test`.
 #
 #   bash experiments/llm_server.sh [WORLD] [N] [M]      (defaults: runs/quickstart/world 500 100)
-#   STEPS="edits" bash experiments/llm_server.sh ...    runs only the named steps (tests, quality, edits)
+#   STEPS="edits" bash experiments/llm_server.sh ...    runs only the named steps (tests, quality, edits, rewrite)
 #
 # Resumable: the quality run writes into runs/llm-bench/store.sqlite; rerun the script to finish an interrupted run.
 set -euo pipefail
@@ -15,7 +17,7 @@ cd "$(dirname "$0")/.."
 WORLD=${1:-runs/quickstart/world}
 N=${2:-500}
 M=${3:-100}
-STEPS=${STEPS:-"tests quality edits"}
+STEPS=${STEPS:-"tests quality edits rewrite"}
 PORT=${PORT:-8765}
 OUT=runs/llm-bench
 PY=.venv/bin/python
@@ -66,4 +68,9 @@ if [[ " $STEPS " == *" edits "* ]]; then
   echo "== ITT instructions written by the LLM for $M world captions"
   $PY -m foco edits generate --in "$WORLD" --limit "$M" --writer llm --concurrency 2 --json-mode \
     --out "$OUT/edits.sqlite"
+fi
+if [[ " $STEPS " == *" rewrite "* ]]; then
+  echo "== the test benchmark's instructions rewritten by the LLM"
+  $PY -m foco edits rewrite --root "$WORLD" --split test --writer llm --concurrency 2 --json-mode \
+    --out "$OUT/world-llm"
 fi

@@ -1,4 +1,5 @@
-"""`foco quickstart --size tiny` end to end: world, backbone, decompositions, FoCo, evaluation, figures."""
+"""`foco quickstart --size tiny` end to end: world, backbone, decompositions, FoCo, edit triplets, foco-edits,
+evaluation with slerp's alpha chosen on val, figures."""
 import json
 
 from foco.cli import main
@@ -8,10 +9,15 @@ def test_quickstart_tiny(tmp_path, capsys):
     out = tmp_path / "qs"
     assert main(["quickstart", "--out", str(out), "--size", "tiny"]) == 0
     printed = capsys.readouterr().out
-    assert "| foco |" in printed and "| sum |" in printed
+    assert "| foco |" in printed and "| sum |" in printed and "| foco-edits |" in printed and "| slerp |" in printed
+    assert "not in the FoCo paper" in printed
     res = json.loads((out / "results.json").read_text())
     assert res["benchmark"] == "world-tiny/test"
-    assert set(res["methods"]) == {"foco", "image", "text", "sum"}
+    assert list(res["methods"]) == ["foco", "foco-edits", "slerp", "image", "text", "sum"]
+    assert set(res["chosen_on_val"]) == {"slerp alpha (single)", "slerp alpha (multi)"}
+    meta = json.loads((out / "foco-edits" / "foco.json").read_text())
+    assert "not in the FoCo paper" in meta["recipe"] and meta["train"]["stage3_epochs"] == 4
+    assert "recipe" not in json.loads((out / "foco" / "foco.json").read_text())  # plain FoCo stays the paper's
     for m in res["methods"].values():
         assert set(m) == {"R@1", "R@5", "R@10", "R@50", "Rs@1", "Rs@2", "Rs@3", "mAP@5", "mAP@10", "mAP@25", "mAP@50"}
         assert all(0 <= v <= 100 for v in m.values())
@@ -24,6 +30,7 @@ def test_quickstart_tiny(tmp_path, capsys):
     again = json.loads((out / "results.json").read_text())
     assert again["methods"] == res["methods"]
     assert again["timings_s"]["backbone_s"] < 10 and again["timings_s"]["foco_train_s"] < 10
+    assert again["timings_s"]["foco_edits_s"] < 10
 
     # the field side by side on the same cached features: Pic2Word trained on the run's train features, slerp and
     # Chord with their parameters chosen on val
@@ -50,7 +57,7 @@ def test_quickstart_tiny(tmp_path, capsys):
     assert main(field + ["--out", str(out / "field.json")]) == 0
     plain = json.loads((out / "field.json").read_text())
     assert list(plain["methods"]) == ["foco", "pic2word", "slerp", "sum", "image", "text"]
-    for name in ("foco", "sum", "image", "text"):  # same features, same numbers as the quickstart's table
+    for name in ("foco", "slerp", "sum", "image", "text"):  # same features, same numbers as the quickstart's table
         assert plain["methods"][name] == res["methods"][name]
     assert "slerp alpha (single)" in plain["chosen"]
     assert main(field + ["--chord", "0", "--out", str(out / "chord0.json")]) == 0

@@ -1,13 +1,17 @@
-"""`foco quickstart`: world -> backbone -> decompositions (oracle) -> FoCo training -> evaluation, end to end.
+"""`foco quickstart`: world -> backbone -> decompositions (oracle) -> FoCo training -> edit triplets -> foco-edits
+-> evaluation, end to end.
 
-Every stage reuses what an earlier run left in the output folder, so a second run only re-evaluates.
+The headline comparison is in the demo itself: FoCo (the paper's recipe), foco-edits (FoCo with a third stage on
+rule-written edit triplets; not in the FoCo paper), slerp with its alpha chosen on the val split, and the simple
+baselines. Every stage reuses what an earlier run left in the output folder, so a second run only re-evaluates.
 """
 from __future__ import annotations
 
 import json
 import logging
 import time
-from dataclasses import dataclass
+import shutil
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from .backbones.world import load_world_backbone
@@ -17,12 +21,16 @@ from .benchmarks.world import read_world
 from .decompose import build_decomposer
 from .decompose.inputs import read_captions
 from .decompose.run import run_decompose
-from .eval.evaluate import EvalConfig, evaluate, label, world_cache_features
+from .edits.rule import RuleWriter
+from .edits.run import GenerateConfig, run_generate
+from .edits.store import EditStore
+from .eval.evaluate import EvalConfig, evaluate, label, val_parts, world_cache_features
 from .eval.figures import retrieval_figure
 from .features import ExtractConfig
 from .methods import DEFAULT_METHODS, MethodOptions
 from .model import FoCoConfig
 from .train.data import build_pair_table
+from .train.edit_data import build_edit_table, encode_edit_texts
 from .train.foco import FoCoTrainConfig, train_foco
 from .train.world_backbone import BackboneTrainConfig, train_world_backbone
 from .utils.io import atomic_write_text
@@ -34,10 +42,22 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class EditPlan:
+    """foco-edits in the demo: rule-written triplets from the first `sources` training captions, then stage 3."""
+
+    sources: int | None = None  # None: every training caption
+    per_caption: int = 1
+    max_negatives: int = 1  # negative captions encoded and used per triplet (the first is the unedited caption)
+    stage3_epochs: int = 6
+    lr_edit: float = 1e-3
+
+
+@dataclass
 class QuickstartPlan:
     size: str
     backbone: BackboneTrainConfig
     foco: FoCoTrainConfig
+    edits: EditPlan = field(default_factory=EditPlan)
     benchmark_split: str = "test"
     figures: int = 6
 
@@ -50,11 +70,16 @@ def quickstart_plan(size: str) -> QuickstartPlan:
         return QuickstartPlan(
             size, BackboneTrainConfig(epochs=8, batch_size=64),
             FoCoTrainConfig(stage1_epochs=2, stage2_epochs=4, batch_size=64, lr_stage1=1e-3, lr_aggr=5e-4,
-                            lr_comp=5e-4, model=FoCoConfig(learn_bias=True)))
+                            lr_comp=5e-4, model=FoCoConfig(learn_bias=True)),
+            EditPlan(per_caption=2, stage3_epochs=4))
     return QuickstartPlan(
         size, BackboneTrainConfig(epochs=6, batch_size=256),
         FoCoTrainConfig(stage1_epochs=2, stage2_epochs=3, batch_size=128, lr_stage1=1e-3, lr_aggr=3e-4,
-                        lr_comp=3e-4, max_negatives=31, model=FoCoConfig(learn_bias=True)))
+                        lr_comp=3e-4, max_negatives=31, model=FoCoConfig(learn_bias=True)),
+        EDIT_PLAN_DEFAULT)
+
+
+EDIT_PLAN_DEFAULT = EditPlan(sources=5000, per_caption=1, max_negatives=1, stage3_epochs=6, lr_edit=1e-3)
 
 
 def _stage(name: str):
@@ -93,8 +118,9 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     xcfg = ExtractConfig()
     extract_world_split(backbone, world, "train", feats / f"train{suffix}", xcfg, include_captions=False,
                         decompositions=decompositions)
-    for protocol in ("single", "multi"):
-        extract_world_split(backbone, world, f"{plan.benchmark_split}/{protocol}", feats / f"{plan.benchmark_split}-{protocol}", xcfg)
+    for split in (plan.benchmark_split, "val"):  # val: slerp's alpha is chosen there
+        for protocol in ("single", "multi"):
+            extract_world_split(backbone, world, f"{split}/{protocol}", feats / f"{split}-{protocol}", xcfg)
     timings["features_s"] = time.time() - t
 
     t = _stage(f"FoCo training ({decomposer} decompositions)")
@@ -104,8 +130,16 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
         train_foco(table, foco_dir, plan.foco, resume=True, meta={"backbone": backbone.spec})
     timings["foco_train_s"] = time.time() - t
 
+    t = _stage("edit triplets and foco-edits (a third stage, not in the FoCo paper)")
+    edits_dir = out / f"foco-edits{suffix}"
+    if not (edits_dir / "foco.safetensors").is_file() or not _has_stage3(edits_dir):
+        train_foco_edits(out, suffix, feats / f"train{suffix}", decompositions, backbone, foco_dir, edits_dir, plan,
+                         [r.id for r in records])
+    timings["foco_edits_s"] = time.time() - t
+
     t = _stage("evaluation")
-    results = evaluate_world(world, plan.benchmark_split, feats, foco_dir, out / f"attention{suffix}", plan.figures)
+    results = evaluate_world(world, plan.benchmark_split, feats, foco_dir, out / f"attention{suffix}", plan.figures,
+                             edits_dir)
     results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, **results}
     timings["eval_s"] = time.time() - t
     results["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
@@ -113,19 +147,54 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     return results
 
 
-def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, figures: Path, n_figures: int) -> dict:
-    """FoCo and the simple baselines on the world's `split` through the one evaluation path, with attention figures
-    of FoCo on `single`: {"protocols", "methods" (one row per method), "R@1_by_edit_type"}."""
-    cfg = EvalConfig(methods=DEFAULT_METHODS, options=MethodOptions(checkpoint=checkpoint), by_category=True)
+def _has_stage3(folder: Path) -> bool:
+    meta = folder / "foco.json"
+    return meta.is_file() and "recipe" in json.loads(meta.read_text())
+
+
+def train_foco_edits(out: Path, suffix: str, train_features: Path, decompositions: dict, backbone, foco_dir: Path,
+                     edits_dir: Path, plan: QuickstartPlan, ids: list[str]) -> None:
+    """Rule-written ITT triplets of the training captions, their texts encoded once, then FoCo's third stage,
+    resumed from the paper-recipe checkpoint (a copy of its folder, so the paper's stages are not rerun)."""
+    ep = plan.edits
+    sources = [(i, decompositions[i]) for i in ids if i in decompositions][:ep.sources]
+    store = out / f"edits{suffix}.sqlite"
+    stats = run_generate(sources, RuleWriter("train"), store, GenerateConfig(per_caption=ep.per_caption))
+    with EditStore(store) as st:
+        records = st.records(stats.settings_id)
+    texts = out / "features" / f"edit-texts{suffix}"
+    encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives)
+    table = build_edit_table(train_features, texts, records, max_negatives=ep.max_negatives)
+    if not (edits_dir / "train_state").exists():
+        shutil.rmtree(edits_dir, ignore_errors=True)
+        shutil.copytree(foco_dir, edits_dir)
+    cfg = replace(plan.foco, stage3_epochs=ep.stage3_epochs, lr_edit_aggr=ep.lr_edit, lr_edit_comp=ep.lr_edit)
+    train_foco(build_pair_table(train_features, decompositions), edits_dir, cfg, resume=True,
+               meta={"backbone": backbone.spec}, edits=table)
+
+
+QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHODS if m != "foco"))
+
+
+def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, figures: Path, n_figures: int,
+                   foco_edits: Path | None = None) -> dict:
+    """FoCo, foco-edits (when given), slerp (alpha chosen on val) and the simple baselines on the world's `split`
+    through the one evaluation path, with attention figures of FoCo on `single`: {"protocols", "methods" (one row
+    per method), "R@1_by_edit_type", "chosen_on_val" (slerp's alpha per protocol)}."""
+    methods = tuple(m for m in QUICKSTART_METHODS if m != "foco-edits" or foco_edits is not None)
+    cache = world_cache_features(features)
+    cfg = EvalConfig(methods=methods, options=MethodOptions(checkpoint=checkpoint, foco_edits=foco_edits),
+                     by_category=True, slerp_alpha="val", val=val_parts(lambda: read_world(world, "val"), cache))
 
     def figure_hook(name: str, bench: CIRBenchmark, feats: PartFeatures, composed, rankings) -> None:
         if name == "foco" and bench.name == "world/single":
             _figures(bench, composed, rankings, figures, n_figures)
 
-    res = evaluate(read_world(world, split), world_cache_features(features), cfg, on_ranked=figure_hook)
+    res = evaluate(read_world(world, split), cache, cfg, on_ranked=figure_hook)
     return {"protocols": {label(p): {"queries": e["queries"], "gallery": e["gallery"]}
                           for p, e in res["parts"].items()},
             "methods": res["methods"],
+            "chosen_on_val": res["chosen"],
             "R@1_by_edit_type": {name: {t: round(v, 2) for t, v in by_type.items()}
                                  for name, by_type in res["parts"]["world/single"]["R@1_by_category"].items()}}
 

@@ -1,4 +1,4 @@
-"""`foco quickstart`: world -> backbone -> decompositions -> FoCo -> evaluation, on the embedded world."""
+"""`foco quickstart`: world -> backbone -> decompositions -> FoCo -> foco-edits -> evaluation, on the embedded world."""
 from __future__ import annotations
 
 import argparse
@@ -13,6 +13,9 @@ def _quickstart(a: argparse.Namespace) -> int:
     print(f"Benchmark: {res['benchmark']} " + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery"
                                                      for p, v in res["protocols"].items()) + "\n")
     print(metrics_table(res["methods"], digits=1))
+    if res.get("chosen_on_val"):
+        print("chosen on val: " + ", ".join(f"{k} {v}" for k, v in res["chosen_on_val"].items()))
+    print("foco-edits is FoCo with a third stage on edit triplets written from captions: not in the FoCo paper.")
     print("\nR@1 by edit type (single):\n\n" + metrics_table(res["R@1_by_edit_type"], digits=1))
     suffix = "" if a.decomposer == "oracle" else f"-{a.decomposer}"
     print(f"\nresults in {a.out}/results{suffix}.json, figures in {a.out}/attention{suffix}/ "
