@@ -312,3 +312,15 @@ def test_box_moves_foco_attention_into_the_box(mini_world, world_bb, tmp_path):
     assert all(0 <= res[b]["instance_acc"] <= 100 and "R@1" in res[b] for b in res)
     assert choose_beta(res) in betas
     assert choose_beta({-1.0: {"R@1": 5.0}, 0.0: {"R@1": 5.0}, 2.0: {"R@1": 1.0}}) == 0.0
+
+
+def test_evaluate_uses_the_slerp_alpha_it_is_given(val_features):
+    """A numeric --slerp-alpha reaches the method (it was once ignored for the options' default 0.5)."""
+    from foco.eval.evaluate import EvalConfig, evaluate
+    from foco.methods import MethodOptions
+    bench, feats = val_features
+    runs = {a: evaluate([bench], lambda b: feats, EvalConfig(methods=("slerp",), slerp_alpha=a))["methods"]["slerp"]
+            for a in (0.2, 0.5, 0.8)}
+    assert runs[0.2] != runs[0.5] != runs[0.8]
+    same = evaluate([bench], lambda b: feats, EvalConfig(methods=("slerp",), options=MethodOptions(slerp_alpha=0.2)))
+    assert same["methods"]["slerp"] == runs[0.2]  # no alpha in the config: the options' own

@@ -50,6 +50,7 @@ class EditPlan:
     max_negatives: int = 1  # negative captions encoded and used per triplet (the first is the unedited caption)
     stage3_epochs: int = 6
     lr_edit: float = 1e-3
+    image_weight: float = 0.3  # the retrieved target image's term (threshold "auto"); 0: captions only
 
 
 @dataclass
@@ -79,7 +80,8 @@ def quickstart_plan(size: str) -> QuickstartPlan:
         EDIT_PLAN_DEFAULT)
 
 
-EDIT_PLAN_DEFAULT = EditPlan(sources=5000, per_caption=1, max_negatives=1, stage3_epochs=6, lr_edit=1e-3)
+EDIT_PLAN_DEFAULT = EditPlan(sources=5000, per_caption=1, max_negatives=1, stage3_epochs=6, lr_edit=1e-3,
+                             image_weight=0.3)
 
 
 def _stage(name: str):
@@ -165,10 +167,14 @@ def train_foco_edits(out: Path, suffix: str, train_features: Path, decomposition
     texts = out / "features" / f"edit-texts{suffix}"
     encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives)
     table = build_edit_table(train_features, texts, records, max_negatives=ep.max_negatives)
+    if ep.image_weight > 0:
+        table, match = table.with_targets("auto")
+        log.info(match.summary())
     if not (edits_dir / "train_state").exists():
         shutil.rmtree(edits_dir, ignore_errors=True)
         shutil.copytree(foco_dir, edits_dir)
-    cfg = replace(plan.foco, stage3_epochs=ep.stage3_epochs, lr_edit_aggr=ep.lr_edit, lr_edit_comp=ep.lr_edit)
+    cfg = replace(plan.foco, stage3_epochs=ep.stage3_epochs, lr_edit_aggr=ep.lr_edit, lr_edit_comp=ep.lr_edit,
+                  image_weight=ep.image_weight)
     train_foco(build_pair_table(train_features, decompositions), edits_dir, cfg, resume=True,
                meta={"backbone": backbone.spec}, edits=table)
 

@@ -37,7 +37,7 @@ OnRanked = Callable[[str, CIRBenchmark, PartFeatures, ComposedQuery, Rankings], 
 class EvalConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
     options: MethodOptions = field(default_factory=MethodOptions)  # checkpoint, Pic2Word mapper, backbone
-    slerp_alpha: float | str = 0.5  # a number, or "val"
+    slerp_alpha: float | str | None = None  # a number, "val", or None: options.slerp_alpha
     chord: Choice = None  # Chord rescoring lambda for every method: None (cosine), a number, or "val" (per method)
     chord_shortlist: int | None = None  # rescore only the cosine top-N of the full gallery (None: all of it)
     compose_batch: int = 256  # queries per method.encode call
@@ -97,7 +97,8 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
     results: dict = {"benchmark": parts[0].name.split("/")[0], "split": parts[0].split, "backbone": backbone_spec,
                      "checkpoint": str(cfg.options.checkpoint) if cfg.options.checkpoint else None,
                      "options": parts[0].options, "parts": {}, "chosen": {}, "submissions": []}
-    fixed = {n: build_method(n, opts=cfg.options) for n in cfg.methods if not (n == "slerp" and cfg.slerp_alpha == "val")}
+    opts = cfg.options if cfg.slerp_alpha in (None, "val") else replace(cfg.options, slerp_alpha=float(cfg.slerp_alpha))
+    fixed = {n: build_method(n, opts=opts) for n in cfg.methods if not (n == "slerp" and cfg.slerp_alpha == "val")}
     try:
         for bench in parts:
             feats = features(bench)
