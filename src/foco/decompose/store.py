@@ -6,7 +6,9 @@ stored exactly once. Several decomposers (or settings) can share one store; trai
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
@@ -34,16 +36,38 @@ class StoreError(ValueError):
     pass
 
 
+def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
+    """A connection to the SQLite store at `path`, which never exists without its schema: a new store is built
+    under a temporary name (schema, WAL mode) and linked into place, so a reader polling `path` (a test, a second
+    job) sees either no file or a store with every table. An existing store gets any missing table."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if not path.exists():
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+            with contextlib.closing(sqlite3.connect(tmp)) as db:
+                init_schema(db, schema)
+            try:
+                os.link(tmp, path)  # fails if another job created the store meanwhile: theirs is kept
+            except FileExistsError:
+                pass
+            finally:
+                tmp.unlink()
+        db = sqlite3.connect(path, timeout=60)
+        init_schema(db, schema)
+        return db
+    except sqlite3.DatabaseError as exc:
+        raise StoreError(f"{path} is not a foco {what}: {exc}") from exc
+
+
+def init_schema(db: sqlite3.Connection, schema: str) -> None:
+    db.execute("PRAGMA journal_mode=WAL")
+    db.executescript(schema)
+
+
 class DecompositionStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        try:
-            self.db = sqlite3.connect(self.path, timeout=60)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.executescript(_SCHEMA)
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.path} is not a foco decomposition store: {exc}") from exc
+        self.db = open_store(self.path, _SCHEMA, "decomposition store")
 
     def close(self) -> None:
         self.db.close()

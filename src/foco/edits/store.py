@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..decompose.store import read_settings, register_settings
+from ..decompose.store import open_store, read_settings, register_settings
 from .schema import ITTRecord
 
 _SCHEMA = """
@@ -23,9 +23,7 @@ CREATE TABLE IF NOT EXISTS triplets (source_id TEXT NOT NULL, settings_id TEXT N
 class EditStore:
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.db = sqlite3.connect(self.path)
-        self.db.executescript(_SCHEMA)
+        self.db = open_store(self.path, _SCHEMA, "edit store")
 
     def __enter__(self) -> "EditStore":
         return self
