@@ -5,6 +5,17 @@ import argparse
 from pathlib import Path
 
 
+def positive_int(v: str) -> int:
+    """argparse type: an integer >= 1 (0 or a negative count is refused, never read as "no limit")."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an integer") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not a positive count (leave the flag out for no limit)")
+    return n
+
+
 def float_or_val(v: str | None) -> float | str | None:
     """A number, or "val" (choose it on the val split), or None."""
     if v is None or v == "val":

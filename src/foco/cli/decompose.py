@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_llm_args, chat_config
+from .common import add_llm_args, chat_config, positive_int
 
 
 def _decompose(a: argparse.Namespace) -> int:
@@ -11,8 +11,8 @@ def _decompose(a: argparse.Namespace) -> int:
     from ..decompose.inputs import read_captions
     from ..decompose.llm import LLMConfig
     from ..decompose.run import run_decompose
-    records = read_captions(a.inp, split=a.split)
-    if a.limit:
+    records = read_captions(a.inp, split=a.split, caption_column=a.caption_column)
+    if a.limit is not None:
         records = records[:a.limit]
     llm = None
     if a.decomposer == "llm":
@@ -38,7 +38,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--out", required=True, help="SQLite store (created or resumed)")
     dc.add_argument("--decomposer", default="oracle", choices=DECOMPOSERS.names())
     dc.add_argument("--split", default="train", help="with a world folder: which pairs split")
-    dc.add_argument("--limit", type=int, default=None, help="only the first N captions")
+    dc.add_argument("--caption-column", default=None,
+                    help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
+    dc.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
     dc.add_argument("--batch-size", type=int, default=64, help="captions per store transaction")
     dc.add_argument("--min-pairs", type=int, default=3, help="fewest pairs an LLM answer may give")
     dc.add_argument("--max-pairs", type=int, default=5, help="most pairs (LLM answers; rule keeps the first)")

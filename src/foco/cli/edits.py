@@ -4,15 +4,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_llm_args, chat_config
+from .common import add_llm_args, chat_config, positive_int
 
 
 def _sources(a: argparse.Namespace) -> list:
     """(source id, decomposition) of every input caption: from --decompositions, else the input's own (oracle)."""
     from ..decompose import DecompositionStore
     from ..decompose.inputs import read_captions
-    records = read_captions(a.inp, split=a.split)
-    if a.limit:
+    records = read_captions(a.inp, split=a.split, caption_column=a.caption_column)
+    if a.limit is not None:
         records = records[:a.limit]
     if a.decompositions is None:
         if any(r.truth is None for r in records):
@@ -80,6 +80,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="SQLite store of `foco decompose` (default: the decompositions the input carries)")
     g.add_argument("--decomposer", default="oracle", help=f"whose decompositions to read: {DECOMPOSERS.names()}")
     g.add_argument("--split", default="train", help="with a world folder: which pairs split (never val or test)")
+    g.add_argument("--caption-column", default=None,
+                    help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
     g.add_argument("--out", required=True, help="SQLite store of triplets (created or resumed)")
     g.add_argument("--writer", default="rule", choices=WRITERS.names())
     g.add_argument("--templates", default="train", choices=["train", "heldout"],
@@ -88,7 +90,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--min-shared-heads", type=int, default=2,
                    help="attribute words are of one kind when they modify this many common head nouns")
     g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--limit", type=int, default=None, help="only the first N captions")
+    g.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
     g.add_argument("--batch-size", type=int, default=256, help="source captions per store transaction")
     g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
     add_llm_args(g)

@@ -2,10 +2,12 @@
 
 - JSONL: one object per line with "caption" and optionally "id" (or "image"/"url") and a "decomposition" (the
   world's manifests have one; the oracle needs it).
-- CSV / TSV with a header: the caption column is the first of caption/text/alt/title, the id column the first of
-  id/image/url/file/filepath/path.
+- CSV / TSV with a header: the caption column is `caption_column` (`--caption-column`) or the first of
+  caption/text/alt/title, the id column the first of id/image/url/file/filepath/path.
 - CSV / TSV without a header (CC3M's `caption<TAB>url`, or `url<TAB>caption`, or `image,caption`): two columns;
-  the one that looks like a URL or a file path is the id, the other the caption.
+  the one that looks like a URL or a file path in every row is the id, the other the caption. A first row whose
+  would-be id does not look like one is a header without a known caption column, and is refused, never read as
+  data.
 - A world folder: its `pairs/<split>.jsonl`.
 A malformed row raises ManifestError naming the file and line; nothing is skipped.
 """
@@ -29,7 +31,7 @@ class CaptionRecord:
     truth: Decomposition | None = None
 
 
-def read_captions(path: str | Path, split: str = "train") -> list[CaptionRecord]:
+def read_captions(path: str | Path, split: str = "train", caption_column: str | None = None) -> list[CaptionRecord]:
     path = Path(path)
     if path.is_dir():
         manifest = path / "pairs" / f"{split}.jsonl"
@@ -42,7 +44,7 @@ def read_captions(path: str | Path, split: str = "train") -> list[CaptionRecord]
     if suffix in (".jsonl", ".json"):
         return _read_jsonl(path)
     if suffix in (".tsv", ".csv", ".txt"):
-        return _read_table(path, "\t" if suffix in (".tsv", ".txt") else ",")
+        return _read_table(path, "\t" if suffix in (".tsv", ".txt") else ",", caption_column)
     raise ManifestError(f"{path}: unknown caption format {suffix!r}; use .csv, .tsv or .jsonl")
 
 
@@ -67,14 +69,34 @@ def _looks_like_id(value: str) -> bool:
     return v.startswith(("http://", "https://", "s3://", "/")) or (" " not in v and ("/" in v or "." in v[-6:]))
 
 
-def _read_table(path: Path, delimiter: str) -> list[CaptionRecord]:
+def _id_column(path: Path, rows: list[tuple[int, list[str]]]) -> int:
+    """The id column of a headerless two-column table: the one that looks like a URL or path in every row."""
+    for col in (0, 1):
+        body = [r for _, r in rows[1:] if len(r) == 2]  # a ragged row is reported with its line afterwards
+        if all(_looks_like_id(r[col]) and not _looks_like_id(r[1 - col]) for r in body) or not body:
+            first = rows[0][1]
+            if _looks_like_id(first[col]) and not _looks_like_id(first[1 - col]):
+                return col
+            if body:
+                raise ManifestError(
+                    f"{path}:{rows[0][0]}: the first row {first} looks like a header, but no column is named "
+                    f"{'/'.join(CAPTION_COLUMNS)}: name the caption column with --caption-column")
+    raise ManifestError(f"{path}: a headerless table needs an id column (URL or file path) and a caption column; "
+                        f"add a header with a 'caption' column, or name it with --caption-column")
+
+
+def _read_table(path: Path, delimiter: str, caption_column: str | None = None) -> list[CaptionRecord]:
     with path.open(encoding="utf-8", newline="") as f:
         rows = list(csv.reader(f, delimiter=delimiter))
     rows = [(i, r) for i, r in enumerate(rows, 1) if any(c.strip() for c in r)]
     if not rows:
         raise ManifestError(f"{path}: no rows")
     header = [c.strip().lower() for c in rows[0][1]]
-    cap_col = next((header.index(c) for c in CAPTION_COLUMNS if c in header), None)
+    if caption_column is not None and caption_column.strip().lower() not in header:
+        raise ManifestError(f"{path}:{rows[0][0]}: --caption-column {caption_column!r} is not in the header "
+                            f"{rows[0][1]}")
+    names = (caption_column.strip().lower(),) if caption_column is not None else CAPTION_COLUMNS
+    cap_col = next((header.index(c) for c in names if c in header), None)
     if cap_col is not None:
         id_col = next((header.index(c) for c in ID_COLUMNS if c in header), None)
         body = rows[1:]
@@ -83,7 +105,7 @@ def _read_table(path: Path, delimiter: str) -> list[CaptionRecord]:
         if len(first) != 2:
             raise ManifestError(f"{path}:{rows[0][0]}: without a header the file needs exactly 2 columns "
                                 f"(id and caption), found {len(first)}; or add a header with a 'caption' column")
-        id_col = 0 if _looks_like_id(first[0]) else 1
+        id_col = _id_column(path, rows)
         cap_col = 1 - id_col
         body = rows
     width = len(rows[0][1])

@@ -1,0 +1,46 @@
+"""Reliability (issue 13, findings 4 and 8): a caption table whose caption column has an unknown name is refused
+with the file, the line and the flag that fixes it, never decomposed with its header as data; `--limit 0` is refused
+rather than read as "no limit"."""
+from __future__ import annotations
+
+import pytest
+
+from foco.cli import main
+from foco.decompose.inputs import read_captions
+from foco.utils.io import ManifestError
+
+
+def test_an_unknown_caption_header_is_refused_by_name(tmp_path, capsys):
+    f = tmp_path / "caps.csv"
+    f.write_text("url,description\nhttp://x/1.jpg,a red circle\nhttp://x/2.jpg,a blue star\n")
+    with pytest.raises(ManifestError, match=r"caps.csv:1: .*looks like a header.*--caption-column"):
+        read_captions(f)
+    recs = read_captions(f, caption_column="description")
+    assert [(r.id, r.caption) for r in recs] == [("http://x/1.jpg", "a red circle"), ("http://x/2.jpg", "a blue star")]
+    assert main(["decompose", "--in", str(f), "--out", str(tmp_path / "s.sqlite"), "--decomposer", "rule"]) == 2
+    assert "--caption-column" in capsys.readouterr().err
+    assert not (tmp_path / "s.sqlite").exists()  # nothing was written
+    with pytest.raises(ManifestError, match="not in the header"):
+        read_captions(f, caption_column="alt_text")
+
+
+def test_headerless_tables_still_read_either_way_round(tmp_path):
+    a = tmp_path / "a.tsv"
+    a.write_text("a red circle\thttp://x/1.jpg\na blue star\thttp://x/2.jpg\n")
+    b = tmp_path / "b.csv"
+    b.write_text("images/1.png,a red circle\nimages/2.png,a blue star\n")
+    assert [r.caption for r in read_captions(a)] == [r.caption for r in read_captions(b)] == \
+        ["a red circle", "a blue star"]
+    c = tmp_path / "c.csv"
+    c.write_text("a red circle,a blue star\na green one,a yellow one\n")  # no id anywhere
+    with pytest.raises(ManifestError, match="id column"):
+        read_captions(c)
+
+
+@pytest.mark.parametrize("limit", ["0", "-3"])
+def test_limit_must_be_positive(limit, tmp_path, capsys):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"id": 1, "caption": "a red circle"}\n')
+    with pytest.raises(SystemExit):
+        main(["decompose", "--in", str(f), "--out", str(tmp_path / "s.sqlite"), "--limit", limit])
+    assert "positive count" in capsys.readouterr().err
