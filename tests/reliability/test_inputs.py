@@ -44,3 +44,20 @@ def test_limit_must_be_positive(limit, tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["decompose", "--in", str(f), "--out", str(tmp_path / "s.sqlite"), "--limit", limit])
     assert "positive count" in capsys.readouterr().err
+
+
+def test_every_option_of_every_command_says_what_it_is():
+    """Finding 8: --world, --size, --seed and --device had no help text; now no option of any command lacks one."""
+    import argparse
+    from foco.cli import build_parser
+    missing = []
+
+    def walk(parser: argparse.ArgumentParser, name: str) -> None:
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub, p in action.choices.items():
+                    walk(p, f"{name} {sub}")
+            elif action.option_strings and action.help is None and "-h" not in action.option_strings:
+                missing.append(f"{name} {action.option_strings[-1]}")
+    walk(build_parser(), "foco")
+    assert not missing, missing

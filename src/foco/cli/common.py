@@ -57,7 +57,7 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     llm.add_argument("--retries", type=int, default=3, help="retries per item before the rule fallback")
     llm.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
     llm.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    llm.add_argument("--max-tokens", type=int, default=400)
+    llm.add_argument("--max-tokens", type=int, default=400, help="most tokens an LLM answer may use")
     llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
 
 

@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--in", dest="inp", required=True,
                     help="CSV / TSV / JSONL of captions (CC3M-style url<TAB>caption works), or a world folder")
     dc.add_argument("--out", required=True, help="SQLite store (created or resumed)")
-    dc.add_argument("--decomposer", default="oracle", choices=DECOMPOSERS.names())
+    dc.add_argument("--decomposer", default="oracle", choices=DECOMPOSERS.names(), help="registered decomposer")
     dc.add_argument("--split", default="train", help="with a world folder: which pairs split")
     dc.add_argument("--caption-column", default=None,
                     help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")

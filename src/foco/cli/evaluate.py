@@ -142,6 +142,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
                          "runs/submissions)")
     ev.add_argument("--batch-size", type=int, default=128, help="images or texts per encoder call")
-    ev.add_argument("--device", default="cpu")
+    ev.add_argument("--device", default="cpu", help="torch device of the backbone: cpu, cuda, cuda:1, ...")
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.set_defaults(func=_eval)

@@ -25,9 +25,10 @@ def _quickstart(a: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     qs = sub.add_parser("quickstart", help="world -> backbone -> decompositions -> FoCo -> evaluation")
-    qs.add_argument("--out", required=True)
-    qs.add_argument("--size", default="default", choices=["tiny", "default"])
-    qs.add_argument("--seed", type=int, default=0)
+    qs.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
+    qs.add_argument("--size", default="default", choices=["tiny", "default"],
+                    help="world size: tiny (a smoke run) or default")
+    qs.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     qs.add_argument("--decomposer", default="oracle", choices=["oracle", "rule"],
                     help="training decompositions; rule (spaCy) is the paper's ablation and trains beside oracle")
     qs.set_defaults(func=_quickstart)
