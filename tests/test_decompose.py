@@ -167,11 +167,14 @@ def test_llm_config_errors_stop_the_job(rule, tmp_path):
             os.environ.update(env)
 
 
-def test_llm_unreachable_server_is_retried_then_flagged(rule):
+def test_llm_unreachable_server_is_a_configuration_error(rule):
+    """A refused connection fails every caption alike: the job stops (issue 13 finding 1), it does not fall back."""
     d = LLMDecomposer(llm_cfg("http://127.0.0.1:9/v1", max_retries=1), fallback=rule)
-    [r] = d.decompose_batch(["a red circle"])
+    with pytest.raises(ConfigError, match=r"127.0.0.1:9.*--llm-url"):
+        d.decompose_batch(["a red circle"])
     d.close()
-    assert r.flag and d.stats["error:connection"] == 2
+    with pytest.raises(ConfigError, match="not an http"):
+        LLMDecomposer(llm_cfg("127.0.0.1:8000/v1"), fallback=rule)
 
 
 # ---------------------------------------------------------------- store and job

@@ -1,8 +1,9 @@
 """A minimal client for the OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, Ollama, TGI, ...).
 
 Standard library only. `ChatClient.complete` makes one request and classifies failures: a `RetryableError` for
-timeouts, refused connections, HTTP 429 and 5xx; a `ConfigError` for the other 4xx answers (a wrong URL, model or
-key fails every request, so the job stops instead of falling back a million times). `ask_until_valid` is the one
+timeouts, connections reset mid-answer, HTTP 429 and 5xx; a `ConfigError` for a refused connection, a host that
+does not resolve, a URL that is not http(s), and the other 4xx answers (a wrong URL, model or key fails every
+request, so the job stops instead of falling back to the rule decomposer for every caption). `ask_until_valid` is the one
 retry loop of every LLM job (the decomposer, the edit writer): ask, parse strictly, back off, ask again.
 """
 from __future__ import annotations
@@ -63,6 +64,8 @@ class ChatAnswer:
 class ChatClient:
     def __init__(self, cfg: ChatConfig):
         self.cfg = cfg.resolved()
+        if not self.cfg.url.startswith(("http://", "https://")):
+            raise ConfigError(f"--llm-url {self.cfg.url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
         endpoint = self.cfg.url
         self.endpoint = endpoint if endpoint.endswith("/chat/completions") else endpoint + "/chat/completions"
 
@@ -88,6 +91,9 @@ class ChatClient:
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (socket.timeout, TimeoutError)):
                 raise RetryableError(f"timeout after {self.cfg.timeout_s:g}s") from exc
+            if isinstance(exc.reason, (ConnectionRefusedError, socket.gaierror, str)):
+                raise ConfigError(f"cannot reach the LLM server at {self.endpoint} ({exc.reason}): is it running? "
+                                  "check --llm-url") from exc
             raise RetryableError(f"cannot reach {self.endpoint}: {exc.reason}") from exc
         except (ConnectionError, OSError) as exc:  # reset or closed mid-answer
             raise RetryableError(f"connection failed: {exc}") from exc
