@@ -61,3 +61,21 @@ def test_every_option_of_every_command_says_what_it_is():
                 missing.append(f"{name} {action.option_strings[-1]}")
     walk(build_parser(), "foco")
     assert not missing, missing
+
+
+def test_eval_refuses_an_unwritable_out_before_any_work(tmp_path, capsys):
+    """Finding 8: `eval --out` was checked only after the whole evaluation; now before anything is read."""
+    import os
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    os.chmod(ro, 0o500)
+    try:
+        if os.access(ro, os.W_OK):  # root ignores the mode bits: use a folder given as --out instead
+            bad = tmp_path
+        else:
+            bad = ro / "r.json"
+        code = main(["eval", "--benchmark", "cirr", "--root", str(tmp_path / "missing"), "--out", str(bad)])
+    finally:
+        os.chmod(ro, 0o700)
+    err = capsys.readouterr().err
+    assert code == 2 and "--out" in err and "missing" not in err  # refused before the benchmark was looked at

@@ -16,6 +16,23 @@ def positive_int(v: str) -> int:
     return n
 
 
+def check_writable(path: str | Path | None, flag: str) -> None:
+    """Fails now, not after hours of work, when the output file `path` of `flag` cannot be written."""
+    import os
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
+        raise ValueError(f"{flag} {p} is a folder; give a file name, e.g. {p / 'results.json'}")
+    parent = p.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ValueError(f"{flag} {p}: cannot create its folder ({exc})") from None
+    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
+        raise ValueError(f"{flag} {p} is not writable; choose another {flag}")
+
+
 def float_or_val(v: str | None) -> float | str | None:
     """A number, or "val" (choose it on the val split), or None."""
     if v is None or v == "val":

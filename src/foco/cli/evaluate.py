@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import checkpoint_backbone, float_or_val
+from .common import check_writable, checkpoint_backbone, float_or_val
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -79,6 +79,7 @@ def _eval(a: argparse.Namespace) -> int:
     from ..methods import MethodOptions, needs_text_tower
     from ..utils.io import atomic_write_text
     name, root, split = _target(a)
+    check_writable(a.out, "--out")
     options = _reader_options(a, name)
     methods = tuple(a.methods.split(","))
     spec = a.backbone or checkpoint_backbone(a.checkpoint)
