@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import print_table
+from .common import nonneg_int, positive_int, print_table
 
 
 def _train(a: argparse.Namespace) -> int:
@@ -28,8 +28,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = bb.add_parser("train", help="pretrain the world backbone contrastively on the pretrain split")
     t.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     t.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    t.add_argument("--epochs", type=int, default=6, help="passes over the training data")
-    t.add_argument("--batch-size", type=int, default=256, help="examples per step")
+    t.add_argument("--epochs", type=nonneg_int, default=6, help="passes over the training data")
+    t.add_argument("--batch-size", type=positive_int, default=256, help="examples per step")
     t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (linear warm-up, then cosine decay)")
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")

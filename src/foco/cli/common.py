@@ -33,6 +33,17 @@ def check_writable(path: str | Path | None, flag: str) -> None:
         raise ValueError(f"{flag} {p} is not writable; choose another {flag}")
 
 
+def nonneg_int(v: str) -> int:
+    """argparse type: an integer >= 0 (epochs: 0 skips a stage)."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not an integer") from None
+    if n < 0:
+        raise argparse.ArgumentTypeError(f"{n} is negative")
+    return n
+
+
 def float_or_val(v: str | None) -> float | str | None:
     """A number, or "val" (choose it on the val split), or None."""
     if v is None or v == "val":

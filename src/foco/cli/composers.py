@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .common import nonneg_int, positive_int
 from .train import _edit_table
 
 
@@ -78,7 +79,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     p.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     p.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    p.add_argument("--batch-size", type=int, default=128, help="examples per step")
+    p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")
     p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (hf text tower)")
@@ -93,8 +94,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         dest="action", required=True)
     p = pact.add_parser("train", help="train PACT's mapper and text tower on edit triplets")
     _data_args(p)
-    p.add_argument("--identity-epochs", type=int, default=1, help="warm-up of the mapper alone (0 with --mapper-init)")
-    p.add_argument("--joint-epochs", type=int, default=3,
+    p.add_argument("--identity-epochs", type=nonneg_int, default=1, help="warm-up of the mapper alone (0 with --mapper-init)")
+    p.add_argument("--joint-epochs", type=nonneg_int, default=3,
         help="epochs of joint mapper + text-tower updates on the triplets")
     p.add_argument("--lr-warmup", type=float, default=1e-4, help="the mapper's learning rate in the identity warm-up")
     p.add_argument("--lr-mapper", type=float, default=3e-5, help="the mapper's learning rate in the joint updates")
@@ -110,8 +111,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         dest="action", required=True)
     t = tscir.add_parser("train", help="train TSCIR's two stages")
     _data_args(t)
-    t.add_argument("--stage1-epochs", type=int, default=3, help="epochs of the first stage")
-    t.add_argument("--stage2-epochs", type=int, default=3, help="epochs of the second stage")
+    t.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
+    t.add_argument("--stage2-epochs", type=nonneg_int, default=3, help="epochs of the second stage")
     t.add_argument("--lr-stage1", type=float, default=1e-4, help="learning rate of the first stage")
     t.add_argument("--lr-stage2", type=float, default=1e-5, help="learning rate of the second stage")
     t.add_argument("--soft-weight", type=float, default=1.0, help="weight of the soft text alignment")

@@ -41,7 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--caption-column", default=None,
                     help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
     dc.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
-    dc.add_argument("--batch-size", type=int, default=64, help="captions per store transaction")
+    dc.add_argument("--batch-size", type=positive_int, default=64, help="captions per store transaction")
     dc.add_argument("--min-pairs", type=int, default=3, help="fewest pairs an LLM answer may give")
     dc.add_argument("--max-pairs", type=int, default=5, help="most pairs (LLM answers; rule keeps the first)")
     add_llm_args(dc)

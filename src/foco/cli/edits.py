@@ -92,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="attribute words are of one kind when they modify this many common head nouns")
     g.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     g.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
-    g.add_argument("--batch-size", type=int, default=256, help="source captions per store transaction")
+    g.add_argument("--batch-size", type=positive_int, default=256, help="source captions per store transaction")
     g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
     add_llm_args(g)
     g.set_defaults(func=_generate)

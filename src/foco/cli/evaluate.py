@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import check_writable, checkpoint_backbone, float_or_val
+from .common import check_writable, checkpoint_backbone, float_or_val, positive_int
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -142,7 +142,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--submission-dir", default=None,
                     help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
                          "runs/submissions)")
-    ev.add_argument("--batch-size", type=int, default=128, help="images or texts per encoder call")
+    ev.add_argument("--batch-size", type=positive_int, default=128, help="images or texts per encoder call")
     ev.add_argument("--device", default="cpu", help="torch device of the backbone: cpu, cuda, cuda:1, ...")
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.set_defaults(func=_eval)

@@ -74,6 +74,7 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
     """Trains `model` through `phases` and leaves it in eval mode. `generator`, a torch RNG the steps draw from, is
     saved and restored with the state. `on_epoch(record)` follows each epoch's log record."""
     out = Path(out)
+    _check(phases, cfg)
     sizes = [p.n or cfg.n for p in phases]  # N of each phase
     batch = [min(cfg.batch_size, n) for n in sizes]  # B of each phase
     steps = [n // b for n, b in zip(sizes, batch)]
@@ -102,6 +103,22 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
+
+
+def _check(phases: list[Phase], cfg: LoopConfig) -> None:
+    """Refuses settings that would divide by zero or save an untrained model as if trained, naming the flag."""
+    if cfg.batch_size < 1:
+        raise ValueError(f"--batch-size must be at least 1, got {cfg.batch_size}")
+    if cfg.max_steps is not None and cfg.max_steps < 1:
+        raise ValueError(f"--max-steps must be at least 1, got {cfg.max_steps}")
+    for p in phases:
+        where = " ".join(_words(p.tag)) or "training"
+        if p.epochs < 0:
+            raise ValueError(f"{where}: epochs must be 0 or more, got {p.epochs}")
+        if p.epochs and (p.n or cfg.n) < 1:
+            raise ValueError(f"{where}: no training examples")
+    if not any(p.epochs for p in phases):
+        raise ValueError("every phase has 0 epochs: nothing would be trained")
 
 
 def _words(tag: dict) -> list[str]:

@@ -1,0 +1,38 @@
+"""Reliability (issue 13, finding 7): training options are validated. `--batch-size 0` used to raise
+ZeroDivisionError and `--batch-size -4` saved an untrained checkpoint with exit 0; epochs must not be negative, and a
+run with nothing to train is refused."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from foco.cli import build_parser
+from foco.train.loop import LoopConfig, Phase, run
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["train", "--features", "f", "--world", "w", "--out", "o", "--batch-size", "0"], "positive count"),
+    (["pic2word", "train", "--features", "f", "--out", "o", "--batch-size", "-4"], "positive count"),
+    (["train", "--features", "f", "--world", "w", "--out", "o", "--stage2-epochs", "-1"], "negative"),
+    (["pact", "train", "--features", "f", "--edits", "e", "--out", "o", "--joint-epochs", "-2"], "negative"),
+])
+def test_the_command_line_refuses_bad_counts(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(argv)
+    assert message in capsys.readouterr().err
+
+
+def _phase(epochs: int) -> Phase:
+    model = torch.nn.Linear(2, 1)
+    return Phase(epochs, lambda: torch.optim.SGD(model.parameters(), lr=0.1),
+                 lambda idx: {"loss": model(torch.randn(len(idx), 2)).pow(2).mean()})
+
+
+@pytest.mark.parametrize("batch,epochs,message", [(0, 1, "--batch-size"), (-4, 1, "--batch-size"),
+                                                  (8, -1, "epochs"), (8, 0, "nothing would be trained")])
+def test_the_loop_refuses_them_too_and_writes_nothing(batch, epochs, message, tmp_path):
+    with pytest.raises(ValueError, match=message):
+        run(torch.nn.Linear(2, 1), [_phase(epochs)], tmp_path / "out", LoopConfig(32, batch),
+            np.random.default_rng(0))
+    assert not (tmp_path / "out").exists()
