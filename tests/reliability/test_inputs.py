@@ -79,3 +79,13 @@ def test_eval_refuses_an_unwritable_out_before_any_work(tmp_path, capsys):
         os.chmod(ro, 0o700)
     err = capsys.readouterr().err
     assert code == 2 and "--out" in err and "missing" not in err  # refused before the benchmark was looked at
+
+
+def test_decompose_defaults_to_what_the_input_allows(tmp_path, capsys):
+    """Finding 8: `decompose` defaulted to oracle, which only works on world inputs; a plain caption file now gets
+    the rule decomposer, and says so."""
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"id": 1, "caption": "a red circle next to a blue star"}\n')
+    assert main(["decompose", "--in", str(f), "--out", str(tmp_path / "s.sqlite")]) == 0
+    out = capsys.readouterr().out
+    assert "decomposer: rule" in out and "--decomposer rule" in out

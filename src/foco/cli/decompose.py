@@ -14,6 +14,9 @@ def _decompose(a: argparse.Namespace) -> int:
     records = read_captions(a.inp, split=a.split, caption_column=a.caption_column)
     if a.limit is not None:
         records = records[:a.limit]
+    if a.decomposer is None:  # the ground truth where the input carries it (a world folder), else spaCy's rules
+        a.decomposer = "oracle" if records and all(r.truth is not None for r in records) else "rule"
+        print(f"decomposer: {a.decomposer} (choose one with --decomposer)")
     llm = None
     if a.decomposer == "llm":
         llm = LLMConfig(chat_config(a), min_pairs=a.min_pairs, max_pairs=a.max_pairs, max_retries=a.retries,
@@ -36,7 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--in", dest="inp", required=True,
                     help="CSV / TSV / JSONL of captions (CC3M-style url<TAB>caption works), or a world folder")
     dc.add_argument("--out", required=True, help="SQLite store (created or resumed)")
-    dc.add_argument("--decomposer", default="oracle", choices=DECOMPOSERS.names(), help="registered decomposer")
+    dc.add_argument("--decomposer", default=None, choices=DECOMPOSERS.names(),
+                    help="default: oracle for a world folder (its ground truth), rule (spaCy) for any other input")
     dc.add_argument("--split", default="train", help="with a world folder: which pairs split")
     dc.add_argument("--caption-column", default=None,
                     help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
