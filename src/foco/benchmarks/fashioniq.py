@@ -27,8 +27,15 @@ PROTOCOL = EvalProtocol(remove_reference=False, recall_ks=(10, 50))
 
 
 def join_captions(c1: str, c2: str, join: str = "both") -> tuple[str, ...]:
-    """The query text variant(s) of one FashionIQ caption pair."""
+    """The query text variant(s) of one FashionIQ caption pair. An empty caption is left out rather than joined
+    ("a and " is no instruction); a pair of two empty captions is refused by the reader."""
     a, b = c1.strip().strip(".,? "), c2.strip().strip(".,? ")
+    if not a or not b:
+        if join not in JOINS:
+            raise ValueError(f"unknown FashionIQ caption join {join!r}; choose from {', '.join(JOINS)}")
+        if not (a or b):
+            raise ValueError("both captions are empty")
+        return (a or b,)
     if join == "both":
         return (f"{a} and {b}", f"{b} and {a}")
     if join == "single":
@@ -40,7 +47,8 @@ def join_captions(c1: str, c2: str, join: str = "both") -> tuple[str, ...]:
 
 def _captions_ok(e: dict) -> bool:
     c = e["captions"]
-    return isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c)
+    return isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) for x in c) and \
+        any(x.strip().strip(".,? ") for x in c)
 
 
 def read_fashioniq(root: str | Path, split: str = "val", join: str = "both",
@@ -62,7 +70,7 @@ def _read_category(root: Path, split: str, join: str, cat: str) -> CIRBenchmark:
         raise ManifestError(f"{split_path}: expected a list of image names (strings)")
     with_target = split == "val"
     require(cap_path, entries, ["candidate", "captions"] + ["target"] * with_target)
-    check_each(cap_path, entries, _captions_ok, "captions that are not a list of two strings")
+    check_each(cap_path, entries, _captions_ok, "captions that are not a list of two strings, at least one not empty")
     check_each(cap_path, entries, lambda e: all(isinstance(e.get(k, ""), str) for k in ("candidate", "target")),
                "a candidate or target that is not an image name (string)")
     if with_target:
