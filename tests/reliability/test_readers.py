@@ -12,3 +12,37 @@ def test_an_empty_caption_is_left_out_not_joined():
     assert join_captions("is red", "is longer", "both") == ("is red and is longer", "is longer and is red")
     with pytest.raises(ValueError, match="both captions are empty"):
         join_captions("", " ", "single")
+
+
+def _export(world, fmt, out):
+    from foco.benchmarks.export import export_world
+    export_world(world, fmt, "val", out)
+    return out
+
+
+def test_cirr_target_hard_as_a_list_is_refused_by_name(tiny_world, tmp_path):
+    """Finding 8: CIRR `target_hard` as a list gave a TypeError; now a ManifestError naming the file and pair."""
+    import json
+    from foco.benchmarks import read_benchmark
+    from foco.utils.io import ManifestError
+    root = _export(tiny_world, "cirr", tmp_path / "cirr")
+    cap = root / "captions" / "cap.rc2.val.json"
+    entries = json.loads(cap.read_text())
+    entries[0]["target_hard"] = [entries[0]["target_hard"]]
+    cap.write_text(json.dumps(entries))
+    with pytest.raises(ManifestError, match=rf"cap.rc2.val.json.*target_hard.*{entries[0]['pairid']}"):
+        read_benchmark("cirr", root, "val")
+
+
+def test_circo_integer_file_name_is_refused_by_name(tiny_world, tmp_path):
+    """Finding 8: a CIRCO integer `file_name` gave a TypeError; now a ManifestError naming the file and image id."""
+    import json
+    from foco.benchmarks import read_benchmark
+    from foco.utils.io import ManifestError
+    root = _export(tiny_world, "circo", tmp_path / "circo")
+    info = next(root.rglob("image_info_unlabeled2017.json"))
+    data = json.loads(info.read_text())
+    data["images"][1]["file_name"] = 17
+    info.write_text(json.dumps(data))
+    with pytest.raises(ManifestError, match=rf"image_info_unlabeled2017.json.*file_name.*{data['images'][1]['id']}"):
+        read_benchmark("circo", root, "val")

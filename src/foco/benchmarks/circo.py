@@ -32,6 +32,8 @@ def read_circo(root: str | Path, split: str = "val") -> list[CIRBenchmark]:
     if not isinstance(info.get("images"), list):
         raise ManifestError(f"{info_path}: expected an 'images' list of {{id, file_name}}")
     require(info_path, info["images"], ["id", "file_name"], id_key="id")
+    check_each(info_path, info["images"], lambda im: isinstance(im["file_name"], str) and im["file_name"].strip(),
+               "a file_name that is not a file name (string)", "id")
     gallery = [str(im["id"]) for im in info["images"]]
     check_unique(info_path, "image ids", gallery)
     images = {str(im["id"]): ImageRef(root / GALLERY_DIR / im["file_name"]) for im in info["images"]}

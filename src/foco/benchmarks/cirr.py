@@ -48,6 +48,9 @@ def read_cirr(root: str | Path, split: str = "val") -> list[CIRBenchmark]:
     check_each(cap_path, entries, lambda e: isinstance(e["img_set"], dict)
                and isinstance(e["img_set"].get("members"), list) and e["reference"] in e["img_set"]["members"],
                "an img_set without a members list holding the reference", "pairid")
+    check_each(cap_path, entries, lambda e: isinstance(e["reference"], str)
+               and (not with_target or isinstance(e["target_hard"], str)),
+               "a reference or target_hard that is not one image name (string)", "pairid")
     check_unique(cap_path, "pairids", [str(e["pairid"]) for e in entries])
     where = f"{split_path.name} ({len(names)} images)"
     check_known(cap_path, "reference images", (e["reference"] for e in entries), names, where)
