@@ -19,7 +19,8 @@ class ImageLoadError(OSError):
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
-    """Writes `data` to `path` so that readers see either the old file or the whole new one."""
+    """Writes `data` to `path` so that readers see either the old file or the whole new one, with the permissions
+    a plain `open(path, "wb")` would give (0666 minus the umask; mkstemp's own are 0600)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -27,12 +28,26 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
+            os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _umask() -> int:
+    """The process umask: from /proc on Linux (no window where it is changed), else set and restored."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
