@@ -46,3 +46,17 @@ def test_circo_integer_file_name_is_refused_by_name(tiny_world, tmp_path):
     info.write_text(json.dumps(data))
     with pytest.raises(ManifestError, match=rf"image_info_unlabeled2017.json.*file_name.*{data['images'][1]['id']}"):
         read_benchmark("circo", root, "val")
+
+
+def test_exports_are_copies_and_never_mix_two_splits(tiny_world, tmp_path):
+    """Findings 3 and 8: exported images were hard links (editing the export edited the world), and a second split
+    exported into the same folder kept the first split's images under colliding names."""
+    import os
+    from foco.benchmarks.export import export_world
+    from foco.utils.io import ManifestError
+    out = _export(tiny_world, "circo", tmp_path / "circo")
+    img = next(p for p in out.rglob("*.png"))
+    assert os.stat(img).st_nlink == 1  # a copy
+    export_world(tiny_world, "circo", "val", out)  # the same export again: the same bytes, kept
+    with pytest.raises(ManifestError, match="another image.*--out"):
+        export_world(tiny_world, "circo", "test", out)

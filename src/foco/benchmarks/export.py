@@ -14,13 +14,14 @@ end and compared with the world's own evaluation. docs/world.md ("Official-forma
 """
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
-from ..utils.io import atomic_write_text, read_jsonl
+from ..utils.io import ManifestError, atomic_write_text, read_jsonl
 from ..world.edits import PHRASINGS, Edit, edit_text
 from ..world.manifest import WorldBenchmark, load_benchmark
 from ..world.scene import Scene
@@ -37,14 +38,17 @@ def _write_json(path: Path, data: Any) -> None:
 
 
 def _place(src: Path, dst: Path) -> None:
-    """Hard-links `src` at `dst` (a copy across file systems); an existing `dst` is kept."""
+    """Copies `src` to `dst` (a copy, not a link: editing the export never touches the world). An existing `dst`
+    is kept only when it holds the same bytes; another image under that name is refused, never mixed in."""
     if dst.exists():
-        return
+        if filecmp.cmp(src, dst, shallow=False):
+            return
+        raise ManifestError(f"{dst} already exists and is another image than {src}: an export folder holds one "
+                            "split of one world; choose another --out")
     dst.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copyfile(src, dst)
+    tmp = dst.with_name(f".{dst.name}.tmp")
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dst)
 
 
 def second_phrasing(scene: dict, edit: dict, modification: str) -> str:
