@@ -36,3 +36,13 @@ def test_the_loop_refuses_them_too_and_writes_nothing(batch, epochs, message, tm
         run(torch.nn.Linear(2, 1), [_phase(epochs)], tmp_path / "out", LoopConfig(32, batch),
             np.random.default_rng(0))
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_with_no_run_to_continue_is_refused(tmp_path, capsys):
+    """Finding 7: `--resume` with no state silently started a fresh run."""
+    from foco.cli import main
+    code = main(["train", "--features", str(tmp_path / "f"), "--world", str(tmp_path / "w"),
+                 "--out", str(tmp_path / "typo"), "--resume"])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds no training run" in err and "drop --resume" in err
+    assert not (tmp_path / "typo").exists()

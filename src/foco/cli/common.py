@@ -44,6 +44,14 @@ def nonneg_int(v: str) -> int:
     return n
 
 
+def check_resume(a: argparse.Namespace) -> None:
+    """`--resume` continues a run; with no run in --out there is nothing to continue, and starting afresh silently
+    would hide a mistyped folder."""
+    from ..utils.checkpoint import has_training_state
+    if getattr(a, "resume", False) and not has_training_state(Path(a.out) / "train_state"):
+        raise ValueError(f"--resume: {a.out} holds no training run to continue; drop --resume to start one")
+
+
 def float_or_val(v: str | None) -> float | str | None:
     """A number, or "val" (choose it on the val split), or None."""
     if v is None or v == "val":

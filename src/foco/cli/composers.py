@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import nonneg_int, positive_int
+from .common import check_resume, nonneg_int, positive_int
 from .train import _edit_table
 
 
@@ -13,6 +13,7 @@ def _common(a: argparse.Namespace):
     from ..backbones import create_backbone
     from ..backbones.tunable import TextTuneConfig
     from ..features import FeatureCache
+    check_resume(a)
     spec = a.backbone or FeatureCache(a.features).manifest["backbone"]
     text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
     return spec, create_backbone(spec), _edit_table(a, spec), text

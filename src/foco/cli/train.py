@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_decomposition_args, nonneg_int, positive_int
+from .common import add_decomposition_args, check_resume, nonneg_int, positive_int
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -36,6 +36,7 @@ def _train(a: argparse.Namespace) -> int:
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight)
+    check_resume(a)
     table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer))
     spec = FeatureCache(a.features).manifest["backbone"]
     edits = _edit_table(a, spec) if a.edits else None
