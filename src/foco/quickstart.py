@@ -80,7 +80,7 @@ def quickstart_plan(size: str) -> QuickstartPlan:
         EDIT_PLAN_DEFAULT)
 
 
-EDIT_PLAN_DEFAULT = EditPlan(sources=5000, per_caption=1, max_negatives=1, stage3_epochs=6, lr_edit=1e-3,
+EDIT_PLAN_DEFAULT = EditPlan(sources=5000, per_caption=1, max_negatives=1, stage3_epochs=9, lr_edit=1e-3,
                              image_weight=0.3)
 
 
