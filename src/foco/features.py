@@ -145,7 +145,7 @@ class FeatureCache:
         self.manifest = read_json(self.path / "manifest.json")
 
     def _load(self, kind: str) -> tuple[list[str], dict[str, torch.Tensor]]:
-        from safetensors.torch import load_file
+        from .utils.io import load_tensors
         entry = self.manifest.get(kind)
         if entry is None:
             raise KeyError(f"{self.path} holds no {kind}")
@@ -157,7 +157,9 @@ class FeatureCache:
             if not meta.is_file():
                 raise FileNotFoundError(f"{meta} is missing: extraction did not finish; rerun `foco features extract`")
             ids += read_json(meta)["ids"]
-            for name, t in load_file(str(shard_dir / f"shard-{s:05d}.safetensors")).items():
+            shard = shard_dir / f"shard-{s:05d}.safetensors"
+            fix = f"delete {shard} and {meta.name} and rerun `foco features extract` to encode it again"
+            for name, t in load_tensors(shard, fix).items():
                 parts.setdefault(name, []).append(t)
         return ids, {name: _cat(ts) for name, ts in parts.items()}
 

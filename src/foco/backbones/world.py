@@ -256,7 +256,7 @@ def save_world_checkpoint(model: WorldCLIP, path: str | Path, extra: dict | None
 
 def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") -> WorldBackbone:
     """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved)."""
-    from safetensors.torch import load_file
+    from ..utils.io import load_tensors, load_weights
     from ..utils.io import read_json
     path = Path(path)
     if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
@@ -268,5 +268,6 @@ def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") ->
     raw = dict(meta["config"])
     raw["widths"] = tuple(raw["widths"])
     model = WorldCLIP(WorldBackboneConfig(**raw))
-    model.load_state_dict(load_file(str(path / WEIGHTS_NAME)))
+    fix = "retrain it with `foco backbone train`"
+    load_weights(model, load_tensors(path / WEIGHTS_NAME, fix), path / WEIGHTS_NAME, fix)
     return WorldBackbone(model, str(path), device)

@@ -112,7 +112,7 @@ class TextComposer(nn.Module):
 
     @staticmethod
     def load(path: str | Path, backbone, expect: str | None = None) -> "TextComposer":
-        from safetensors.torch import load_file
+        from ..utils.io import load_tensors, load_weights
         path = Path(path)
         if not (path / CONFIG).is_file():
             raise FileNotFoundError(f"no composer checkpoint at {path}: expected {CONFIG}, {MAPPER} and {TEXT}")
@@ -121,11 +121,12 @@ class TextComposer(nn.Module):
             raise ValueError(f"{path / CONFIG} is a {meta.get('model')!r} checkpoint, not {expect!r}")
         cfg_cls = VSIConfig if meta["mapper"] == "vsi" else Pic2WordConfig
         mapper = build_mapper(meta["mapper"], cfg_cls(**meta["mapper_config"]))
-        mapper.load_state_dict(load_file(str(path / MAPPER)))
+        fix = f"retrain it with `foco {meta.get('model', 'pact')} train`"
+        load_weights(mapper, load_tensors(path / MAPPER, fix), path / MAPPER, fix)
         raw = dict(meta["text"])
         raw["lora_targets"] = tuple(raw["lora_targets"])
         text = tunable_text(backbone, TextTuneConfig(**raw))
-        text.load_trainable(load_file(str(path / TEXT)))
+        text.load_trainable(load_tensors(path / TEXT, fix))
         return TextComposer(meta["model"], meta["mapper"], mapper, text).eval()
 
 

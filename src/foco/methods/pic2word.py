@@ -68,13 +68,14 @@ class Pic2WordMapper(nn.Module):
 
     @staticmethod
     def load(path: str | Path) -> "Pic2WordMapper":
-        from safetensors.torch import load_file
+        from ..utils.io import load_tensors, load_weights
         path = Path(path)
         meta = read_json(path / CONFIG)
         if meta.get("model") != "pic2word":
             raise ValueError(f"{path / CONFIG} is not a Pic2Word checkpoint config")
         mapper = Pic2WordMapper(Pic2WordConfig(**meta["config"]))
-        mapper.load_state_dict(load_file(str(path / WEIGHTS)))
+        fix = "retrain it with `foco pic2word train`"
+        load_weights(mapper, load_tensors(path / WEIGHTS, fix), path / WEIGHTS, fix)
         return mapper.eval()
 
 

@@ -76,11 +76,13 @@ class ComposedQueryEncoder(nn.Module):
 
     @staticmethod
     def load(path: str | Path) -> "ComposedQueryEncoder":
-        from safetensors.torch import load_file
+        from ..utils.io import load_tensors, load_weights
         path = Path(path)
         meta = checkpoint_meta(path)
         model = ComposedQueryEncoder(FoCoConfig(**meta["config"]))
-        model.load_state_dict(load_file(str(path / "foco.safetensors")))
+        weights = path / "foco.safetensors"
+        fix = "retrain it with `foco train`, or point --checkpoint at a FoCo checkpoint folder"
+        load_weights(model, load_tensors(weights, fix), weights, fix)
         return model.eval()
 
 

@@ -67,11 +67,14 @@ def load_training_state(path: str | Path, model: torch.nn.Module, optimizer: tor
                         numpy_rng: np.random.Generator | None) -> dict[str, Any]:
     """Restores everything `save_training_state` wrote and returns the progress counters, with the extra
     tensors under progress["extra_tensors"]."""
-    from safetensors.torch import load_file
+    from .io import load_tensors, load_weights
     path = Path(path)
     meta = read_json(path / STATE_JSON)
-    tensors = load_file(str(path / STATE_TENSORS))
-    model.load_state_dict({k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")})
+    fix = f"the training state is damaged: remove {path} to start the run again"
+    tensors = load_tensors(path / STATE_TENSORS, fix)
+    load_weights(model, {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")},
+                 path / STATE_TENSORS, "it was written by another model or width: resume with the same settings, "
+                 "or choose another --out")
     _optimizer_from_flat(optimizer, tensors, meta["optimizer"])
     torch.set_rng_state(tensors["rng/torch"])
     if numpy_rng is not None and meta.get("numpy_rng") is not None:

@@ -110,3 +110,27 @@ def load_image(path: str | Path) -> Image.Image:
 def iter_batches(items: list, batch_size: int) -> Iterator[list]:
     for i in range(0, len(items), batch_size):
         yield items[i:i + batch_size]
+
+
+def load_tensors(path: str | Path, fix: str) -> dict:
+    """The tensors of a safetensors file; a missing, truncated or foreign file is a ValueError that names it and
+    says what fixes it (`fix`), never a bare SafetensorError."""
+    from safetensors.torch import load_file
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found; {fix}")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # safetensors raises its own SafetensorError, or OSError
+        raise ValueError(f"{path} is not a readable safetensors file ({type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}); {fix}") from None
+
+
+def load_weights(module, state: dict, path: str | Path, fix: str, strict: bool = True) -> None:
+    """`module.load_state_dict(state)`, with a mismatch (another width, another model) reported by file name."""
+    try:
+        module.load_state_dict(state, strict=strict)
+    except RuntimeError as exc:
+        first = next((line.strip() for line in str(exc).splitlines() if "size mismatch" in line or "Missing" in line
+                      or "Unexpected" in line), str(exc).splitlines()[0])
+        raise ValueError(f"{path} does not fit this model ({first}); {fix}") from None
