@@ -89,3 +89,22 @@ def test_decompose_defaults_to_what_the_input_allows(tmp_path, capsys):
     assert main(["decompose", "--in", str(f), "--out", str(tmp_path / "s.sqlite")]) == 0
     out = capsys.readouterr().out
     assert "decomposer: rule" in out and "--decomposer rule" in out
+
+
+def test_a_latin1_file_names_its_file_and_line(tmp_path):
+    """Finding 8: a Latin-1 CSV gave a decode error naming neither file nor line."""
+    f = tmp_path / "caps.csv"
+    f.write_bytes("url,caption\nhttp://x/1.jpg,a red circle\nhttp://x/2.jpg,a caf\xe9 on a street\n".encode("latin-1"))
+    with pytest.raises(ManifestError, match=r"caps.csv:3: not UTF-8.*re-save"):
+        read_captions(f)
+
+
+def test_a_very_long_caption_is_data(tmp_path):
+    """Finding 8: a 300 kB caption gave `_csv.Error: field larger than field limit`."""
+    f = tmp_path / "caps.tsv"
+    long = "a red circle " * 25_000  # ~325 kB
+    f.write_text(f"caption\tid\n{long}\tx/1.jpg\na blue star\tx/2.jpg\n")
+    recs = read_captions(f)
+    assert len(recs) == 2 and recs[0].caption == long.strip()
+    import csv
+    assert csv.field_size_limit() == 131072  # the process-wide limit is restored

@@ -14,6 +14,7 @@ A malformed row raises ManifestError naming the file and line; nothing is skippe
 from __future__ import annotations
 
 import csv
+import io
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +87,21 @@ def _id_column(path: Path, rows: list[tuple[int, list[str]]]) -> int:
 
 
 def _read_table(path: Path, delimiter: str, caption_column: str | None = None) -> list[CaptionRecord]:
-    with path.open(encoding="utf-8", newline="") as f:
-        rows = list(csv.reader(f, delimiter=delimiter))
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = raw[:exc.start].count(b"\n") + 1
+        raise ManifestError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); re-save the file as "
+                            "UTF-8 (e.g. iconv -f latin1 -t utf-8)") from None
+    limit = csv.field_size_limit()
+    csv.field_size_limit(max(limit, len(raw) + 1))  # one long caption is data, not a reason to fail
+    try:
+        rows = list(csv.reader(io.StringIO(text, newline=""), delimiter=delimiter))
+    except csv.Error as exc:
+        raise ManifestError(f"{path}: not a valid {'TSV' if delimiter == chr(9) else 'CSV'} file ({exc})") from None
+    finally:
+        csv.field_size_limit(limit)
     rows = [(i, r) for i, r in enumerate(rows, 1) if any(c.strip() for c in r)]
     if not rows:
         raise ManifestError(f"{path}: no rows")
