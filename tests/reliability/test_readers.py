@@ -60,3 +60,16 @@ def test_exports_are_copies_and_never_mix_two_splits(tiny_world, tmp_path):
     export_world(tiny_world, "circo", "val", out)  # the same export again: the same bytes, kept
     with pytest.raises(ManifestError, match="another image.*--out"):
         export_world(tiny_world, "circo", "test", out)
+
+
+def test_a_duplicate_fashioniq_image_is_named(tiny_world, tmp_path):
+    """Finding 8: a duplicate name in a FashionIQ split file was reported without the name."""
+    import json
+    from foco.benchmarks import read_benchmark
+    from foco.utils.io import ManifestError
+    root = _export(tiny_world, "fashioniq", tmp_path / "fiq")
+    split = next((root / "image_splits").glob("split.*.val.json"))
+    names = json.loads(split.read_text())
+    split.write_text(json.dumps(names + [names[0]]))
+    with pytest.raises(ManifestError, match=rf"{split.name}: 1 duplicate image names, e.g. {names[0]}"):
+        read_benchmark("fashioniq", root, "val")

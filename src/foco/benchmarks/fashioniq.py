@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..utils.io import ManifestError
-from .annotations import check_each, check_known, read_annotation, require
+from .annotations import check_each, check_known, check_unique, read_annotation, require
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption, resolve_image
 
 CATEGORIES = ("dress", "shirt", "toptee")
@@ -68,6 +68,7 @@ def _read_category(root: Path, split: str, join: str, cat: str) -> CIRBenchmark:
     gallery = read_annotation(split_path, list, "FashionIQ's image_splits/split.<category>.<split>.json")
     if not all(isinstance(a, str) for a in gallery):
         raise ManifestError(f"{split_path}: expected a list of image names (strings)")
+    check_unique(split_path, "image names", gallery)
     with_target = split == "val"
     require(cap_path, entries, ["candidate", "captions"] + ["target"] * with_target)
     check_each(cap_path, entries, _captions_ok, "captions that are not a list of two strings, at least one not empty")
