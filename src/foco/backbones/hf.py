@@ -131,8 +131,9 @@ class HFBackbone:
     ) -> None:
         from transformers import AutoConfig, AutoTokenizer, CLIPModel, SiglipModel
 
-        self.name_or_path = name_or_path
         is_dir = os.path.isdir(os.path.expanduser(name_or_path))
+        # a local checkpoint is recorded resolved, so that a spec written here works from any folder
+        self.name_or_path = os.path.realpath(os.path.expanduser(name_or_path)) if is_dir else name_or_path
         if not is_dir and _looks_local(name_or_path):
             raise FileNotFoundError(f"HFBackbone: checkpoint directory not found: {name_or_path!r}")
         load_kw = {"local_files_only": True} if is_dir else {}

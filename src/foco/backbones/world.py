@@ -192,7 +192,7 @@ class WorldBackbone:
         self.device = torch.device(device)
         self.embed_dim = self.cfg.embed_dim
         self.num_patches = self.cfg.num_patches
-        self._path = path
+        self._path = str(Path(path).resolve()) if path else path  # provenance that works from any folder
         self._minilm: FrozenMiniLM | None = None
 
     @property
