@@ -146,6 +146,27 @@ def _render_job(args: tuple[str, dict, str | None]) -> None:
     os.replace(tmp, path)
 
 
+IN_PROGRESS = ".generating.json"  # the config of a generation that has not finished yet
+
+
+def _claim(out: Path, cfg: WorldConfig) -> None:
+    """Records the config before the first image, so that an interrupted folder is only ever resumed with the same
+    config: images on disk are kept on resume, and another seed or size would mix two worlds' scenes."""
+    marker = out / IN_PROGRESS
+    want = json.loads(json.dumps(asdict(cfg)))
+    if marker.is_file():
+        have = json.loads(marker.read_text())
+        if have != want:
+            diff = ", ".join(f"{k} {have.get(k)!r}" for k in sorted(want) if have.get(k) != want[k])
+            raise FileExistsError(f"{out} holds an interrupted world generated with another config ({diff}): rerun "
+                                  "with that config to finish it, or choose another --out")
+        return
+    if (out / "images").exists() and any((out / "images").iterdir()):
+        raise FileExistsError(f"{out} already holds images but no record of the config that made them: remove it "
+                              "or choose another --out")
+    atomic_write_text(marker, json.dumps(want, indent=2) + "\n")
+
+
 def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None) -> dict:
     """Writes the world to `out` and returns its summary (the content of world.json).
 
@@ -160,6 +181,7 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
             log.info("world in %s is complete; reusing it", out)
             return existing
         raise FileExistsError(f"{out} holds a world generated with another config; choose another --out")
+    _claim(out, cfg)
     manifests = plan_world(cfg)
     jobs = []
     for name, recs in manifests.items():
@@ -193,4 +215,5 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
         "counts": {name: len(recs) for name, recs in manifests.items()},
     }
     atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    (out / IN_PROGRESS).unlink(missing_ok=True)  # world.json now records the config
     return summary
