@@ -75,6 +75,8 @@ def add_decomposition_args(p: argparse.ArgumentParser) -> None:
                    help="SQLite store written by `foco decompose` (default: the world's oracle decompositions)")
     p.add_argument("--decomposer", default="oracle",
                    help="which decomposer's results to read from the store: a name or a settings id")
+    p.add_argument("--max-fallback", type=float, default=0.01,
+                   help="largest share of captions a fallback may have decomposed (flagged rows; default 0.01)")
 
 
 def print_table(title: str, metrics: dict) -> None:

@@ -23,7 +23,8 @@ def _decompose(a: argparse.Namespace) -> int:
                         concurrency=a.concurrency, backoff_s=a.backoff)
     decomposer = build_decomposer(a.decomposer, records, llm, max_pairs=a.max_pairs)
     try:
-        stats = run_decompose([r.caption for r in records], decomposer, a.out, batch_size=a.batch_size)
+        stats = run_decompose([r.caption for r in records], decomposer, a.out, batch_size=a.batch_size,
+                              retry_flagged=a.retry_flagged)
     finally:
         if hasattr(decomposer, "close"):
             decomposer.close()
@@ -44,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--split", default="train", help="with a world folder: which pairs split")
     dc.add_argument("--caption-column", default=None,
                     help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
+    dc.add_argument("--retry-flagged", action="store_true",
+                    help="ask the decomposer again for the captions a fallback wrote (flagged in the store)")
     dc.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
     dc.add_argument("--batch-size", type=positive_int, default=64, help="captions per store transaction")
     dc.add_argument("--min-pairs", type=int, default=3, help="fewest pairs an LLM answer may give")

@@ -15,7 +15,7 @@ def _features_extract(a: argparse.Namespace) -> int:
     decs = None
     if a.decompositions is not None:
         from ..world.decompositions import world_decompositions
-        decs = world_decompositions(a.world, a.split, a.decompositions, a.decomposer)
+        decs = world_decompositions(a.world, a.split, a.decompositions, a.decomposer, a.max_fallback)
     stats = extract_world_split(create_backbone(a.backbone), a.world, a.split, a.out, cfg, decompositions=decs)
     for kind, s in stats.items():
         rate = f"{s['encoded'] / s['seconds']:.1f}/s" if s["encoded"] else "all cached"
@@ -37,7 +37,8 @@ def _train(a: argparse.Namespace) -> int:
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight)
     check_resume(a)
-    table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer))
+    table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer,
+                                                              a.max_fallback))
     spec = FeatureCache(a.features).manifest["backbone"]
     edits = _edit_table(a, spec) if a.edits else None
     if edits is not None and a.image_weight > 0:

@@ -19,6 +19,8 @@ class DecomposeStats:
     already_done: int = 0      # found in the store at start
     done_now: int = 0
     flagged: int = 0           # done now by a fallback
+    flagged_in_store: int = 0  # every flagged row of these settings after the run (retry with --retry-flagged)
+    retried: int = 0           # flagged rows asked again (--retry-flagged)
     seconds: float = 0.0
     settings_id: str = ""
     extra: dict[str, Any] = field(default_factory=dict)  # the decomposer's own counters (requests, retries, ...)
@@ -30,21 +32,26 @@ class DecomposeStats:
     def summary(self) -> str:
         lines = [f"{self.captions} captions, {self.distinct} distinct: {self.already_done} already in the store, "
                  f"{self.done_now} decomposed now in {self.seconds:.1f}s ({self.captions_per_s:.1f} captions/s)",
-                 f"flagged (fallback used): {self.flagged}"]
+                 f"flagged (fallback used): {self.flagged} now, {self.flagged_in_store} in the store"
+                 + (f"; {self.retried} flagged captions retried" if self.retried else "")
+                 + ("; ask again with --retry-flagged" if self.flagged_in_store and not self.retried else "")]
         if self.extra:
             lines.append("decomposer: " + ", ".join(f"{k}={v}" for k, v in sorted(self.extra.items())))
         return "\n".join(lines)
 
 
 def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str | Path, batch_size: int = 64,
-                  show_progress: bool = True) -> DecomposeStats:
+                  show_progress: bool = True, retry_flagged: bool = False) -> DecomposeStats:
     distinct = list(dict.fromkeys(captions))
     stats = DecomposeStats(captions=len(captions), distinct=len(distinct))
     with DecompositionStore(store_path) as store:
         sid = store.register(decomposer.settings)
         stats.settings_id = sid
-        done = store.done_hashes(sid)
+        done = store.done_hashes(sid, include_flagged=not retry_flagged)
         todo = [c for c in distinct if caption_hash(c) not in done]
+        if retry_flagged:
+            stored = store.done_hashes(sid)
+            stats.retried = sum(1 for c in todo if caption_hash(c) in stored)
         stats.already_done = len(distinct) - len(todo)
         t0 = time.perf_counter()
         with Bar(len(distinct), f"decompose ({decomposer.settings.get('name')})", initial=stats.already_done) \
@@ -53,10 +60,11 @@ def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str |
                 results: list[Decomposition] = decomposer.decompose_batch(batch)
                 if [d.caption for d in results] != batch:
                     raise RuntimeError("decomposer returned results out of order")
-                stats.done_now += store.put_many(sid, results)
+                stats.done_now += store.put_many(sid, results, replace_flagged=retry_flagged)
                 stats.flagged += sum(1 for d in results if d.flag)
                 bar.update(len(batch))
         stats.seconds = time.perf_counter() - t0
+        stats.flagged_in_store = store.flagged(sid)
     stats.extra = dict(getattr(decomposer, "stats", {}) or {})
     return stats
 

@@ -81,17 +81,25 @@ class DecompositionStore:
     def register(self, settings: dict[str, Any]) -> str:
         return register_settings(self.db, settings)
 
-    def done_hashes(self, sid: str) -> set[str]:
-        return {h for (h,) in self.db.execute("SELECT caption_hash FROM decompositions WHERE settings_id = ?", (sid,))}
+    def done_hashes(self, sid: str, include_flagged: bool = True) -> set[str]:
+        """Captions stored for `sid`; without the flagged ones (a fallback wrote them) when `include_flagged` is
+        False, so that `--retry-flagged` asks again for exactly those."""
+        query = "SELECT caption_hash FROM decompositions WHERE settings_id = ?" + ("" if include_flagged else
+                                                                                    " AND flag = ''")
+        return {h for (h,) in self.db.execute(query, (sid,))}
 
-    def put_many(self, sid: str, results: Iterable[Decomposition]) -> int:
-        """Writes a batch in one transaction; captions already stored are left as they are. Returns rows added."""
+    def put_many(self, sid: str, results: Iterable[Decomposition], replace_flagged: bool = False) -> int:
+        """Writes a batch in one transaction; captions already stored are left as they are, except flagged rows
+        when `replace_flagged` (a retry of what a fallback wrote). Returns rows written."""
         rows = [(caption_hash(d.caption), sid, d.caption, json.dumps(d.to_dict(), ensure_ascii=False), d.flag)
                 for d in results]
         with self.db:
             before = self.db.total_changes
+            if replace_flagged:
+                self.db.executemany("DELETE FROM decompositions WHERE caption_hash = ? AND settings_id = ? "
+                                    "AND flag != ''", [r[:2] for r in rows])
             self.db.executemany("INSERT OR IGNORE INTO decompositions VALUES (?, ?, ?, ?, ?)", rows)
-            return self.db.total_changes - before
+            return (self.db.total_changes - before) if not replace_flagged else len(rows)
 
     def count(self, sid: str | None = None) -> int:
         if sid is None:
