@@ -46,3 +46,19 @@ def test_resume_with_no_run_to_continue_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and "holds no training run" in err and "drop --resume" in err
     assert not (tmp_path / "typo").exists()
+
+
+def test_resume_refuses_another_batch_size_or_other_data(tmp_path):
+    """Finding 7: `--resume` with another batch size or other features continued, and rewrote the provenance."""
+    out = tmp_path / "run"
+    run(torch.nn.Linear(2, 1), [_phase(2)], out, LoopConfig(32, 8, identity={"backbone": "world:/a"}),
+        np.random.default_rng(0))
+    for cfg, what in [(LoopConfig(32, 16, identity={"backbone": "world:/a"}), "batch_size 8"),
+                      (LoopConfig(48, 8, identity={"backbone": "world:/a"}), "examples"),
+                      (LoopConfig(32, 8, identity={"backbone": "world:/b"}), "backbone 'world:/a'")]:
+        with pytest.raises(ValueError, match=rf"--resume: .*trained with .*{what}.*choose another --out"):
+            run(torch.nn.Linear(2, 1), [_phase(3)], out, cfg, np.random.default_rng(0), resume=True)
+    # the same settings continue (one more epoch than before)
+    run(torch.nn.Linear(2, 1), [_phase(3)], out, LoopConfig(32, 8, identity={"backbone": "world:/a"}),
+        np.random.default_rng(0), resume=True)
+    assert len((out / "train_log.jsonl").read_text().splitlines()) == 3

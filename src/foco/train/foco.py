@@ -119,7 +119,8 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo",
                       plot_keys=("aggr", "comp", "compose"),
                       plot_title="FoCo training loss per epoch (stage 1, then stage 2" +
-                                 (", then the edit stage)" if cfg.stage3_epochs else ")"))
+                                 (", then the edit stage)" if cfg.stage3_epochs else ")"),
+                      identity={"backbone": (meta or {}).get("backbone")})
     phases = [_stage(model, table, cfg, gen, 1), _stage(model, table, cfg, gen, 2)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg))

@@ -61,6 +61,7 @@ class LoopConfig:
     name: str = "training"  # in log lines and progress bars, e.g. "FoCo"
     plot_keys: tuple[str, ...] = ()  # losses drawn per epoch into loss_curve.png; () draws nothing
     plot_title: str = ""
+    identity: dict = field(default_factory=dict)  # what a resumed run must share (e.g. the features' backbone)
 
 
 def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
@@ -82,6 +83,7 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
               for p, s in zip(phases, steps)]
     first, epoch0, opt = 0, 0, None
     if resume and has_training_state(out / "train_state"):
+        _check_identity(out / "train_state", _identity(phases, sizes, cfg))
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -99,7 +101,8 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
             done += len(batches)
             rec = {**phase.tag, "epoch": epoch + 1, **means, **phase.record(sum(totals[:i]) + done),
                    "elapsed_s": round(time.time() - t0, 2)}
-            _end_epoch(out, model, opt, rng, generator, cfg, rec, {**phase.tag, "epoch": epoch + 1})
+            _end_epoch(out, model, opt, rng, generator, cfg, rec,
+                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, sizes, cfg)})
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
@@ -119,6 +122,22 @@ def _check(phases: list[Phase], cfg: LoopConfig) -> None:
             raise ValueError(f"{where}: no training examples")
     if not any(p.epochs for p in phases):
         raise ValueError("every phase has 0 epochs: nothing would be trained")
+
+
+def _identity(phases: list[Phase], sizes: list[int], cfg: LoopConfig) -> dict:
+    """What a run is: its batch size, each phase's data size, and what the trainer adds (`LoopConfig.identity`)."""
+    return {"batch_size": cfg.batch_size, **{f"examples ({' '.join(_words(p.tag)) or 'training'})": n
+                                             for p, n in zip(phases, sizes) if p.epochs}, **cfg.identity}
+
+
+def _check_identity(state_dir: Path, now: dict) -> None:
+    """`--resume` continues the same run: refuses another batch size, other data or another backbone, and says
+    which (keys only one side records, such as a phase added after the saved ones, are not compared)."""
+    saved = read_json(state_dir / STATE_JSON)["progress"].get("identity") or {}
+    diff = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in sorted(set(saved) & set(now)) if saved[k] != now[k]]
+    if diff:
+        raise ValueError(f"--resume: {state_dir.parent} was trained with " + ", ".join(diff) +
+                         "; resume with the same settings and data, or choose another --out")
 
 
 def _words(tag: dict) -> list[str]:
