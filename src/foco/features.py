@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,18 @@ class ExtractConfig:
     dtype: str = "float16"  # storage dtype of the features; the globals are re-normalised on load
     patches: bool = True  # store image patch features (needed by FoCo; off for a gallery-only index)
     tokens: bool = True  # store text token features
+    out_flag: str = "--out"  # the flag that names this cache's folder, for error messages ("--cache" in foco eval)
+
+
+def _cache_key(item: Any) -> str:
+    """An item's identity in a cache: a text as it is, an image file by its resolved path (so that `exp/cirr` and
+    its absolute path are one cache), a crop with its box."""
+    if isinstance(item, Path):
+        return os.path.realpath(item)
+    if hasattr(item, "path") and hasattr(item, "box"):
+        base = os.path.realpath(item.path)
+        return base if item.box is None else f"{base}#box={','.join(f'{v:g}' for v in item.box)}"
+    return str(item)
 
 
 def _fingerprint(keys: Sequence[str]) -> str:
@@ -54,11 +67,12 @@ def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str
             "shard_size": cfg.shard_size}
     for k, v in want.items():
         if k in manifest and manifest[k] != v:
-            raise ValueError(f"{path}: cache was made with {k}={manifest[k]!r}, not {v!r}; use another --out")
+            raise ValueError(f"{path}: cache was made with {k}={manifest[k]!r}, not {v!r}; use another "
+                             f"{cfg.out_flag}")
     entry = {"count": len(keys), "fingerprint": _fingerprint(keys)}
     if kind in manifest and {k: manifest[kind][k] for k in entry} != entry:
         raise ValueError(f"{path}: cache holds another list of {kind} ({manifest[kind]['count']} items); "
-                         f"use another --out")
+                         f"use another {cfg.out_flag}")
     manifest.update(want)
     manifest[kind] = {**manifest.get(kind, {}), **entry}
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -78,7 +92,7 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     if len(set(ids)) != len(ids):
         raise ValueError(f"{kind}: ids must be unique")
     out.mkdir(parents=True, exist_ok=True)
-    _check_manifest(out, kind, backbone, [f"{i}\t{p}" for i, p in zip(ids, payload)], cfg)
+    _check_manifest(out, kind, backbone, [f"{i}\t{_cache_key(p)}" for i, p in zip(ids, payload)], cfg)
     shard_dir = out / kind
     shard_dir.mkdir(exist_ok=True)
     shards = list(iter_batches(list(range(len(ids))), cfg.shard_size))
@@ -122,7 +136,7 @@ def extract_images(backbone: Backbone, items: Sequence[tuple[str, Any]], out: st
     def encode(sources):
         f = backbone.encode_images([s.load() if hasattr(s, "load") else load_image(s) for s in sources])
         return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {})}
-    sources = [s if hasattr(s, "load") else str(s) for _, s in items]
+    sources = [s if hasattr(s, "load") else Path(s) for _, s in items]  # paths: keyed resolved (`_cache_key`)
     return _extract("images", encode, backbone, [i for i, _ in items], sources, Path(out), cfg)
 
 

@@ -66,7 +66,7 @@ def _sources(a, name: str, root: str, split: str, options: dict, spec: str | Non
     cache = Path(a.cache) if a.cache else Path("runs") / "cache" / f"{name}-{split}" / backbone_slug(spec)
     val_cache = cache if split == "val" else (Path(f"{a.cache}-val") if a.cache else
                                               Path("runs") / "cache" / f"{name}-val" / backbone_slug(spec))
-    extract = ExtractConfig(batch_size=a.batch_size)
+    extract = ExtractConfig(batch_size=a.batch_size, out_flag="--cache")
     return (cached_features(backbone, cache, extract),
             val_parts(lambda: read_benchmark(name, root, "val", **options), cached_features(backbone, val_cache,
                                                                                             extract)))
