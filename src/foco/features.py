@@ -158,6 +158,14 @@ class FeatureCache:
         self.path = Path(path)
         self.manifest = read_json(self.path / "manifest.json")
 
+    def ids(self, kind: str) -> list[str]:
+        """The ids of `kind` ("images" or "texts") in row order, read from the shard records alone."""
+        entry = self.manifest.get(kind)
+        if entry is None:
+            raise KeyError(f"{self.path} holds no {kind}")
+        n_shards = -(-entry["count"] // self.manifest["shard_size"])
+        return [i for s in range(n_shards) for i in read_json(self.path / kind / f"shard-{s:05d}.json")["ids"]]
+
     def _load(self, kind: str) -> tuple[list[str], dict[str, torch.Tensor]]:
         from .utils.io import load_tensors
         entry = self.manifest.get(kind)

@@ -229,13 +229,15 @@ class HFBackbone:
         return row.detach().float().cpu()
 
     def encode_texts_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor,
-                                 placeholder: str = "*") -> TextFeatures:
+                                 placeholder: str = "*", text_model: torch.nn.Module | None = None) -> TextFeatures:
         """`encode_texts` with every `placeholder` token of text b replaced by the embedding row `embeddings[b]`.
 
         The replacement happens on the output of ``embeddings.token_embedding`` (a forward hook), so position
         embeddings, the attention mask and CLIP's EOS pooling (read from ``input_ids``) work as usual. Runs in the
         caller's grad mode: gradients flow to `embeddings` (B, E) through the frozen text tower. The placeholder must
         tokenize alone (put spaces around it: "a photo of * that ...").
+        `text_model` replaces the backbone's own text model (a tuned copy: `foco.backbones.tunable`); the projection
+        stays the backbone's.
         """
         input_ids, mask = self._tokenize(texts)  # (B, L), (B, L)
         slots = placeholder_slots(input_ids, single_token_id(self.tokenizer, placeholder), texts, placeholder,
@@ -245,9 +247,10 @@ class HFBackbone:
         def replace(module, args, out):  # out: (B, L, E)
             return torch.where(slots[..., None], emb[:, None, :], out)
 
-        handle = self.model.text_model.embeddings.token_embedding.register_forward_hook(replace)
+        text_model = text_model if text_model is not None else self.model.text_model
+        handle = text_model.embeddings.token_embedding.register_forward_hook(replace)
         try:
-            return self._encode_ids(input_ids, mask)
+            return self._encode_ids(input_ids, mask, text_model)
         finally:
             handle.remove()
 
@@ -269,9 +272,10 @@ class HFBackbone:
             mask = input_ids != tok.pad_token_id  # (B, L)
         return input_ids, mask
 
-    def _encode_ids(self, input_ids: torch.Tensor, mask: torch.Tensor) -> TextFeatures:
+    def _encode_ids(self, input_ids: torch.Tensor, mask: torch.Tensor,
+                    text_model: torch.nn.Module | None = None) -> TextFeatures:
         input_ids = input_ids.to(self.device)  # (B, L)
-        text_model = self.model.text_model
+        text_model = text_model if text_model is not None else self.model.text_model
         if self.family == _CLIP:
             out = text_model(input_ids=input_ids, attention_mask=mask.to(self.device).long(), return_dict=True)
             hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed

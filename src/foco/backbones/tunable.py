@@ -20,7 +20,6 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .pseudo import placeholder_slots, single_token_id
 
 
 @dataclass
@@ -83,26 +82,7 @@ class HFLoRAText(TunableText):
             p.requires_grad_("lora_" in name)
 
     def forward(self, texts: Sequence[str], embeddings: torch.Tensor, placeholder: str = "*") -> torch.Tensor:
-        bb = self._backbone[0]
-        input_ids, mask = bb._tokenize(texts)  # (B, L), (B, L)
-        slots = placeholder_slots(input_ids, single_token_id(bb.tokenizer, placeholder), texts, placeholder,
-                                  embeddings).to(bb.device)  # (B, L)
-        emb = embeddings.to(bb.device, bb.dtype)  # (B, E)
-
-        def put(module, args, out):  # out: (B, L, E)
-            return torch.where(slots[..., None], emb[:, None, :], out)
-
-        handle = self.text.embeddings.token_embedding.register_forward_hook(put)
-        try:
-            ids = input_ids.to(bb.device)
-            if bb.family == "clip":
-                out = self.text(input_ids=ids, attention_mask=mask.to(bb.device).long(), return_dict=True)
-                global_ = bb.model.text_projection(out.pooler_output)  # (B, D)
-            else:
-                global_ = self.text(input_ids=ids, return_dict=True).pooler_output  # (B, D)
-        finally:
-            handle.remove()
-        return F.normalize(global_.float(), dim=-1).cpu()
+        return self._backbone[0].encode_texts_with_tokens(texts, embeddings, placeholder, self.text).global_
 
 
 def replace_kind(cfg: TextTuneConfig, kind: str) -> TextTuneConfig:

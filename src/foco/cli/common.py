@@ -5,15 +5,24 @@ import argparse
 from pathlib import Path
 
 
-def positive_int(v: str) -> int:
-    """argparse type: an integer >= 1 (0 or a negative count is refused, never read as "no limit")."""
+def _int_at_least(v: str, least: int, refusal: str) -> int:
     try:
         n = int(v)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{v!r} is not an integer") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"{n} is not a positive count (leave the flag out for no limit)")
+    if n < least:
+        raise argparse.ArgumentTypeError(f"{n} {refusal}")
     return n
+
+
+def positive_int(v: str) -> int:
+    """argparse type: an integer >= 1 (0 or a negative count is refused, never read as "no limit")."""
+    return _int_at_least(v, 1, "is not a positive count (leave the flag out for no limit)")
+
+
+def nonneg_int(v: str) -> int:
+    """argparse type: an integer >= 0 (epochs: 0 skips a stage)."""
+    return _int_at_least(v, 0, "is negative")
 
 
 def check_writable(path: str | Path | None, flag: str) -> None:
@@ -31,17 +40,6 @@ def check_writable(path: str | Path | None, flag: str) -> None:
         raise ValueError(f"{flag} {p}: cannot create its folder ({exc})") from None
     if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
         raise ValueError(f"{flag} {p} is not writable; choose another {flag}")
-
-
-def nonneg_int(v: str) -> int:
-    """argparse type: an integer >= 0 (epochs: 0 skips a stage)."""
-    try:
-        n = int(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not an integer") from None
-    if n < 0:
-        raise argparse.ArgumentTypeError(f"{n} is negative")
-    return n
 
 
 def check_resume(a: argparse.Namespace) -> None:

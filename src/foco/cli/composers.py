@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from .common import check_resume, nonneg_int, positive_int
-from .train import _edit_table
+from .train import edit_records, edit_table
 
 
 def _common(a: argparse.Namespace):
@@ -16,12 +16,13 @@ def _common(a: argparse.Namespace):
     check_resume(a)
     spec = a.backbone or FeatureCache(a.features).manifest["backbone"]
     text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
-    return spec, create_backbone(spec), _edit_table(a, spec), text
+    backbone, records = create_backbone(spec), edit_records(a)
+    return records, backbone, edit_table(a, backbone, records), text
 
 
 def _pact_train(a: argparse.Namespace) -> int:
     from ..train.pact import PACTTrainConfig, train_pact
-    spec, backbone, edits, text = _common(a)
+    _, backbone, edits, text = _common(a)
     cfg = PACTTrainConfig(identity_epochs=a.identity_epochs, joint_epochs=a.joint_epochs, batch_size=a.batch_size,
                           lr_warmup=a.lr_warmup, lr_mapper=a.lr_mapper, lr_text=a.lr_text,
                           compose_weight=a.compose_weight, preserve_weight=a.preserve_weight,
@@ -35,7 +36,7 @@ def _pact_train(a: argparse.Namespace) -> int:
 def _tscir_train(a: argparse.Namespace) -> int:
     from ..train.targets import parse_threshold
     from ..train.tscir import TSCIRTrainConfig, train_tscir
-    spec, backbone, edits, text = _common(a)
+    records, backbone, edits, text = _common(a)
     cfg = TSCIRTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                            lr_stage1=a.lr_stage1, lr_stage2=a.lr_stage2, soft_weight=a.soft_weight,
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
@@ -43,7 +44,7 @@ def _tscir_train(a: argparse.Namespace) -> int:
     _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
     print(match.summary())
     if a.world:
-        report = check_world_targets(a, edits, match)
+        report = check_world_targets(a, records, match)
         print("retrieved targets against the world's scenes (fit the target caption / exactly the edited scene): "
               + ", ".join(f"{k} {v.get('fits', 0)}/{v.get('retrieved', 0)}, {v.get('right', 0)}/{v.get('parsed', 0)}"
                           for k, v in report.items()))
@@ -51,19 +52,17 @@ def _tscir_train(a: argparse.Namespace) -> int:
     return 0
 
 
-def check_world_targets(a: argparse.Namespace, edits, match) -> dict:
-    """How often the retrieved targets are right, from the world's manifests; written to OUT/targets_check.json."""
-    from ..edits.store import EditStore
+def check_world_targets(a: argparse.Namespace, records: list, match) -> dict:
+    """How often the retrieved targets of `records` are right, from the world's manifests; written to
+    OUT/targets_check.json."""
     from ..features import FeatureCache
     from ..utils.io import atomic_write_text, read_jsonl
     from ..world.scene import Scene
     from ..world.targets import check_targets
     scenes = {str(r["id"]): Scene.from_dict(r["scene"])
               for r in read_jsonl(Path(a.world) / "pairs" / f"{a.split}.jsonl", required=("id", "scene"))}
-    image_ids, _ = FeatureCache(a.features).images(dtype=None)
-    with EditStore(a.edits) as store:
-        settings = list(store.settings())
-        records = [r.to_dict() for r in store.records(a.edit_settings or settings[0])]
+    image_ids = FeatureCache(a.features).ids("images")  # the rows of match.rows
+    records = [r.to_dict() for r in records]
     sources = [scenes[r["source_id"]] for r in records]
     got = [scenes[image_ids[row]] if row >= 0 else None for row in match.rows.tolist()]
     report = check_targets(records, sources, got)

@@ -83,28 +83,30 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--caption-column", default=None,
                     help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
     g.add_argument("--out", required=True, help="SQLite store of triplets (created or resumed)")
-    g.add_argument("--writer", default="rule", choices=WRITERS.names(),
-        help="who writes the instructions: rule templates or an LLM server")
-    g.add_argument("--templates", default="train", choices=["train", "heldout"],
-                   help="rule writer: its training templates, or the held-out set training never sees")
+    _writer_args(g, templates="train")
     g.add_argument("--per-caption", type=int, default=1, help="edits per source caption")
     g.add_argument("--min-shared-heads", type=int, default=2,
                    help="attribute words are of one kind when they modify this many common head nouns")
-    g.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     g.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
     g.add_argument("--batch-size", type=positive_int, default=256, help="source captions per store transaction")
     g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
-    add_llm_args(g)
     g.set_defaults(func=_generate)
 
     r = ed.add_parser("rewrite", help="a world benchmark with its instructions rewritten (phrasing robustness)")
     r.add_argument("--root", required=True, help="world folder")
     r.add_argument("--split", default="test", choices=["val", "test"], help="which split to read")
     r.add_argument("--out", required=True, help="a new world folder: rewritten queries, the same galleries")
-    r.add_argument("--writer", default="rule", choices=WRITERS.names(),
-        help="who writes the instructions: rule templates or an LLM server")
-    r.add_argument("--templates", default="heldout", choices=["train", "heldout"],
-                   help="rule writer: the held-out templates (default) that training never sees")
-    r.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
-    add_llm_args(r)
+    _writer_args(r, templates="heldout")
     r.set_defaults(func=_rewrite)
+
+
+def _writer_args(p: argparse.ArgumentParser, templates: str) -> None:
+    """The options of `make_writer`: the writer, the rule writer's template set, the seed and the LLM server."""
+    from ..edits import WRITERS
+    p.add_argument("--writer", default="rule", choices=WRITERS.names(),
+                   help="who writes the instructions: rule templates or an LLM server")
+    p.add_argument("--templates", default=templates, choices=["train", "heldout"],
+                   help=f"rule writer: the training templates, or the held-out set training never sees "
+                        f"(default {templates})")
+    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    add_llm_args(p)

@@ -25,6 +25,7 @@ def _features_extract(a: argparse.Namespace) -> int:
 
 
 def _train(a: argparse.Namespace) -> int:
+    from ..backbones import create_backbone
     from ..features import FeatureCache
     from ..model import FoCoConfig
     from ..train.data import build_pair_table
@@ -40,7 +41,7 @@ def _train(a: argparse.Namespace) -> int:
     table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer,
                                                               a.max_fallback))
     spec = FeatureCache(a.features).manifest["backbone"]
-    edits = _edit_table(a, spec) if a.edits else None
+    edits = edit_table(a, create_backbone(spec), edit_records(a)) if a.edits else None
     if edits is not None and a.image_weight > 0:
         from ..train.targets import parse_threshold
         edits, match = edits.with_targets(parse_threshold(a.target_threshold))
@@ -51,20 +52,23 @@ def _train(a: argparse.Namespace) -> int:
     return 0
 
 
-def _edit_table(a: argparse.Namespace, spec: str):
-    """The ITT triplets of --edits joined with the training features; their texts encoded once (resumable).
-    Reads a.edits, a.edit_settings, a.edit_features, a.out, a.features (shared by foco train, pact, tscir)."""
-    from ..backbones import create_backbone
+def edit_records(a: argparse.Namespace) -> list:
+    """The ITT triplets of --edits (the one generator setting, or --edit-settings)."""
     from ..edits.store import EditStore
-    from ..train.edit_data import build_edit_table, encode_edit_texts
     with EditStore(a.edits) as store:
         settings = list(store.settings())
         if len(settings) != 1 and a.edit_settings not in settings:
             raise ValueError(f"{a.edits} holds {len(settings)} generator settings {settings}: pick one with "
                              "--edit-settings")
-        records = store.records(a.edit_settings or settings[0])
+        return store.records(a.edit_settings or settings[0])
+
+
+def edit_table(a: argparse.Namespace, backbone, records: list):
+    """`records` joined with the training features; their texts encoded once (resumable). Reads a.edit_features,
+    a.out, a.features (shared by foco train, pact, tscir)."""
+    from ..train.edit_data import build_edit_table, encode_edit_texts
     texts = Path(a.edit_features or Path(a.out) / "edit-features")
-    encode_edit_texts(create_backbone(spec), records, texts)
+    encode_edit_texts(backbone, records, texts)
     return build_edit_table(a.features, texts, records)
 
 

@@ -83,7 +83,7 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
     captions = F.normalize(edits.text_global.float(), dim=-1)  # (Nt, D)
     # stage 1 data: each source image once, with its caption
     first = {}
-    for t, (s, c) in enumerate(zip(edits.source.tolist(), edits.source_caption.tolist())):
+    for s, c in zip(edits.source.tolist(), edits.source_caption.tolist()):
         first.setdefault(s, c)
     img_rows = torch.tensor(list(first))  # (S,)
     cap_rows = torch.tensor(list(first.values()))  # (S,)
