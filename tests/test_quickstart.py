@@ -22,14 +22,17 @@ def test_quickstart_tiny(tmp_path, capsys):
         assert set(m) == {"R@1", "R@5", "R@10", "R@50", "Rs@1", "Rs@2", "Rs@3", "mAP@5", "mAP@10", "mAP@25", "mAP@50"}
         assert all(0 <= v <= 100 for v in m.values())
         assert m["R@1"] <= m["R@5"] <= m["R@10"] <= m["R@50"] and m["Rs@1"] <= m["Rs@2"] <= m["Rs@3"]
-    figs = sorted((out / "attention").glob("*.png"))
-    assert len(figs) >= 4
-    assert (out / "foco" / "loss_curve.png").is_file() and (out / "backbone" / "metrics.json").is_file()
+    figs = sorted((out / "figures").glob("*.png"))
+    assert len(figs) >= 5 and (out / "figures" / "r1_by_edit_type.png").is_file()
+    assert (out / "foco" / "loss_curve.png").is_file() and (out / "foco-edits" / "loss_curve.png").is_file()
+    assert res["backbone"] == "world:pretrained" and not (out / "backbone").exists()
+    assert res["precision"] in ("fp32", "bf16")
+    precision = ["--precision", res["precision"]]
     # a second run reuses every stage and gives the same numbers
     assert main(["quickstart", "--out", str(out), "--size", "tiny"]) == 0
     again = json.loads((out / "results.json").read_text())
     assert again["methods"] == res["methods"]
-    assert again["timings_s"]["backbone_s"] < 10 and again["timings_s"]["foco_train_s"] < 10
+    assert again["timings_s"]["foco_train_s"] < 10
     assert again["timings_s"]["foco_edits_s"] < 10
 
     # the field side by side on the same cached features: Pic2Word trained on the run's train features, slerp and
@@ -50,7 +53,7 @@ def test_quickstart_tiny(tmp_path, capsys):
     assert hits > 10 / len(held_out), hits  # chance is 1 / 128
     for protocol in ("single", "multi"):
         assert main(["features", "extract", "--backbone", spec, "--world", str(out / "world"), "--split",
-                     f"val/{protocol}", "--out", str(out / "features" / f"val-{protocol}")]) == 0
+                     f"val/{protocol}", "--out", str(out / "features" / f"val-{protocol}"), *precision]) == 0
     capsys.readouterr()
     field = ["eval", "--world", str(out / "world"), "--features", str(out / "features"), "--checkpoint",
              str(out / "foco"), "--methods", "foco,pic2word,slerp,sum,image,text", "--pic2word", str(out / "p2w")]
@@ -73,7 +76,7 @@ def test_quickstart_tiny(tmp_path, capsys):
                  "--out", str(out / "cirr")]) == 0
     assert main(["eval", "--benchmark", "cirr", "--root", str(out / "cirr"), "--split", "val", "--checkpoint",
                  str(out / "foco"), "--methods", "pic2word,slerp", "--pic2word", str(out / "p2w"), "--slerp-alpha",
-                 "0.4", "--cache", str(out / "cache"), "--out", str(out / "cirr.json")]) == 0
+                 "0.4", "--cache", str(out / "cache"), "--out", str(out / "cirr.json"), *precision]) == 0
     official = json.loads((out / "cirr.json").read_text())["parts"]["cirr"]["methods"]
     assert main(field[:-4] + ["--split", "val", "--protocols", "single", "--methods", "pic2word,slerp",
                               "--pic2word", str(out / "p2w"), "--slerp-alpha", "0.4", "--out", str(out / "v.json")]) == 0
@@ -85,7 +88,7 @@ def test_quickstart_tiny(tmp_path, capsys):
     # Chord through the official path equals Chord on the world benchmark directly, with the same lambda
     assert main(["eval", "--benchmark", "cirr", "--root", str(out / "cirr"), "--split", "val", "--checkpoint",
                  str(out / "foco"), "--methods", "foco,sum", "--chord", "0.3", "--cache", str(out / "cache"),
-                 "--out", str(out / "cirr-chord.json")]) == 0
+                 "--out", str(out / "cirr-chord.json"), *precision]) == 0
     official = json.loads((out / "cirr-chord.json").read_text())["parts"]["cirr"]["methods"]
     assert main(field[:-4] + ["--split", "val", "--protocols", "single", "--methods", "foco,sum", "--chord", "0.3",
                               "--out", str(out / "v-chord.json")]) == 0

@@ -4,12 +4,14 @@ Layout of a cache folder::
 
     manifest.json                       backbone spec, dimensions, dtype, and a fingerprint of each item list
     images/shard-00000.safetensors      global (n, D), patches (n, P, D)
-    images/shard-00000.json             {"ids": [...]}: written after its tensors, so it marks the shard done
+    images/shard-00000.json             {"ids": [...], "sha256": ...}: written after its tensors, so it marks the
+                                        shard done, and records their content hash
     texts/shard-00000.safetensors       global (n, D), tokens (n, L, D), mask (n, L)
     texts/shard-00000.json
 
-Extraction is resumable: finished shards are kept, and a rerun encodes only the missing ones. A cache made with
-another backbone or for another item list is refused rather than mixed.
+Extraction is resumable: finished shards are kept, and a rerun encodes only the missing ones, and again any shard
+whose bytes no longer match their recorded sha256 (a damaged file is repaired, never reported as cached). Reading
+checks the same hash. A cache made with another backbone or for another item list is refused rather than mixed.
 """
 from __future__ import annotations
 
@@ -25,7 +27,8 @@ from typing import Any, Sequence
 import torch
 
 from .backbones.base import Backbone, ImageFeatures, TextFeatures
-from .utils.io import atomic_write_bytes, atomic_write_text, iter_batches, load_image, read_json
+from .utils.io import atomic_write_bytes, atomic_write_text, iter_batches, load_image, read_json, sha256_file
+from .utils.precision import autocast, resolve_precision
 from .utils.progress import Bar
 
 log = logging.getLogger(__name__)
@@ -40,6 +43,7 @@ class ExtractConfig:
     patches: bool = True  # store image patch features (needed by FoCo; off for a gallery-only index)
     tokens: bool = True  # store text token features
     out_flag: str = "--out"  # the flag that names this cache's folder, for error messages ("--cache" in foco eval)
+    precision: str = "fp32"  # "bf16": encode under bf16 autocast (foco.utils.precision); part of the cache's identity
 
 
 def _cache_key(item: Any) -> str:
@@ -64,11 +68,12 @@ def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str
     path = out / "manifest.json"
     manifest = read_json(path) if path.is_file() else {}
     want = {"backbone": backbone.spec, "embed_dim": backbone.embed_dim, "dtype": cfg.dtype,
-            "shard_size": cfg.shard_size}
+            "shard_size": cfg.shard_size, "precision": resolve_precision(cfg.precision)}
+    have = {"precision": "fp32", **manifest} if manifest else {}  # caches from before precisions were recorded
     for k, v in want.items():
-        if k in manifest and manifest[k] != v:
-            raise ValueError(f"{path}: cache was made with {k}={manifest[k]!r}, not {v!r}; use another "
-                             f"{cfg.out_flag}")
+        if k in have and have[k] != v:
+            raise ValueError(f"{path}: cache was made with {k}={have[k]!r}, not {v!r}; use another "
+                             f"{cfg.out_flag}" + (" or the same --precision" if k == "precision" else ""))
     entry = {"count": len(keys), "fingerprint": _fingerprint(keys)}
     if kind in manifest and {k: manifest[kind][k] for k in entry} != entry:
         raise ValueError(f"{path}: cache holds another list of {kind} ({manifest[kind]['count']} items); "
@@ -95,8 +100,17 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     _check_manifest(out, kind, backbone, [f"{i}\t{_cache_key(p)}" for i, p in zip(ids, payload)], cfg)
     shard_dir = out / kind
     shard_dir.mkdir(exist_ok=True)
+    for stale in shard_dir.glob(".shard-*.tmp"):  # a killed run's unfinished write (see atomic_write_bytes)
+        stale.unlink()
     shards = list(iter_batches(list(range(len(ids))), cfg.shard_size))
-    todo = [s for s in range(len(shards)) if not (shard_dir / f"shard-{s:05d}.json").is_file()]
+    todo, repaired = [], 0
+    for s in range(len(shards)):
+        problem = shard_problem(shard_dir, s)
+        if problem is not None:
+            todo.append(s)
+            if problem != "not encoded yet":
+                repaired += 1
+                log.warning("%s: %s; encoding it again", shard_dir / f"shard-{s:05d}.safetensors", problem)
     done_items = len(ids) - sum(len(shards[s]) for s in todo)
     if done_items:
         log.info("%s: %d of %d items already cached, resuming", kind, done_items, len(ids))
@@ -106,18 +120,53 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     for s in todo:
         parts: dict[str, list[torch.Tensor]] = {}
         for batch in iter_batches(shards[s], cfg.batch_size):
-            feats = encode([payload[i] for i in batch])
+            with autocast(cfg.precision):
+                feats = encode([payload[i] for i in batch])
             for name, t in feats.items():
                 parts.setdefault(name, []).append(t)
             encoded += len(batch)
             bar.update(len(batch))
         tensors = {name: _cat(ts).to(dtype) if ts[0].is_floating_point() else _cat(ts)
                    for name, ts in parts.items()}
-        atomic_write_bytes(shard_dir / f"shard-{s:05d}.safetensors", st_save(tensors))
-        atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({"ids": [ids[i] for i in shards[s]]}))
+        data = st_save(tensors)
+        atomic_write_bytes(shard_dir / f"shard-{s:05d}.safetensors", data)
+        atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({"ids": [ids[i] for i in shards[s]],
+                                                                         "sha256": hashlib.sha256(data).hexdigest()}))
     bar.close()
     _record_speed(out, kind, encoded, time.time() - t0)
-    return {"items": len(ids), "encoded": encoded, "seconds": time.time() - t0}
+    return {"items": len(ids), "encoded": encoded, "seconds": time.time() - t0, "repaired": repaired}
+
+
+def shard_problem(shard_dir: Path, s: int) -> str | None:
+    """None when shard `s` is finished and intact; otherwise what is wrong with it. Shards written before hashes
+    were recorded are taken as they are."""
+    meta, shard = shard_dir / f"shard-{s:05d}.json", shard_dir / f"shard-{s:05d}.safetensors"
+    if not meta.is_file():
+        return "not encoded yet"
+    if not shard.is_file():
+        return "its tensors are missing"
+    try:
+        want = read_json(meta).get("sha256")
+    except ValueError:
+        return f"its record {meta.name} is unreadable"
+    if want is not None and sha256_file(shard) != want:
+        return "its bytes do not match the sha256 recorded in " + meta.name
+    return None
+
+
+def verify_cache(path: str | Path) -> dict:
+    """Checks every shard of a cache against its recorded sha256: {kind: {"shards", "bad": [messages]}}."""
+    path = Path(path)
+    manifest = read_json(path / "manifest.json")
+    report = {}
+    for kind in ("images", "texts"):
+        if kind not in manifest:
+            continue
+        n_shards = -(-manifest[kind]["count"] // manifest["shard_size"])
+        bad = [f"{path / kind / f'shard-{s:05d}.safetensors'}: {p}" for s in range(n_shards)
+               if (p := shard_problem(path / kind, s)) is not None]
+        report[kind] = {"shards": n_shards, "bad": bad}
+    return report
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -178,9 +227,12 @@ class FeatureCache:
             meta = shard_dir / f"shard-{s:05d}.json"
             if not meta.is_file():
                 raise FileNotFoundError(f"{meta} is missing: extraction did not finish; rerun `foco features extract`")
-            ids += read_json(meta)["ids"]
             shard = shard_dir / f"shard-{s:05d}.safetensors"
-            fix = f"delete {shard} and {meta.name} and rerun `foco features extract` to encode it again"
+            fix = "rerun the `foco features extract` command that made this cache: it encodes damaged shards again"
+            problem = shard_problem(shard_dir, s)
+            if problem is not None:
+                raise ValueError(f"{shard}: {problem}; {fix}")
+            ids += read_json(meta)["ids"]
             for name, t in load_tensors(shard, fix).items():
                 parts.setdefault(name, []).append(t)
         return ids, {name: _cat(ts) for name, ts in parts.items()}

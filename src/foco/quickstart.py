@@ -14,7 +14,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from .backbones.world import load_world_backbone
+from .backbones.world import PRETRAINED, load_world_backbone
 from .benchmarks.base import CIRBenchmark
 from .benchmarks.cache import PartFeatures
 from .benchmarks.world import read_world
@@ -25,7 +25,7 @@ from .edits.rule import RuleWriter
 from .edits.run import GenerateConfig, run_generate
 from .edits.store import EditStore
 from .eval.evaluate import EvalConfig, evaluate, label, val_parts, world_cache_features
-from .eval.figures import retrieval_figure
+from .eval.figures import FigureRow, edit_type_chart, retrieval_figure
 from .features import ExtractConfig
 from .methods import DEFAULT_METHODS, MethodOptions
 from .model import FoCoConfig
@@ -34,6 +34,7 @@ from .train.edit_data import build_edit_table, encode_edit_texts
 from .train.foco import FoCoTrainConfig, train_foco
 from .train.world_backbone import BackboneTrainConfig, train_world_backbone
 from .utils.io import atomic_write_text
+from .utils.precision import resolve_precision
 from .world.decompositions import world_decompositions
 from .world.generate import generate_world, world_config
 from .world.splits import extract_world_split
@@ -89,23 +90,36 @@ def _stage(name: str):
     return time.time()
 
 
-def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomposer: str = "oracle") -> dict:
+def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomposer: str = "oracle",
+                   train_backbone: bool = False, world_seed: int = 0, precision: str = "auto") -> dict:
     """`decomposer` other than oracle (the paper's rule-based ablation) trains and evaluates into its own
-    folders (features/train-<name>, foco-<name>, results-<name>.json) beside the oracle run, reusing the rest."""
+    folders (features/train-<name>, foco-<name>, results-<name>.json) beside the oracle run, reusing the rest.
+
+    The backbone is the pretrained one shipped with foco (`world:pretrained`, trained by `foco backbone train` on
+    the default world's pretrain split, seed 0; its sha256 is checked at load), as a user starts from pretrained
+    CLIP weights. `train_backbone` trains one on this world instead, into `out`/backbone. `seed` seeds the training
+    (FoCo, foco-edits, and the backbone when trained); `world_seed` seeds the world. `precision` ("auto": bf16 where
+    the CPU has it natively, else fp32) applies to feature extraction and FoCo training."""
     out = Path(out)
     suffix = "" if decomposer == "oracle" else f"-{decomposer}"
     plan = quickstart_plan(size)
+    precision = resolve_precision(precision)
+    plan = replace(plan, backbone=replace(plan.backbone, seed=seed),
+                   foco=replace(plan.foco, seed=seed, precision=precision))
+    log.info("precision: %s (%s)", precision, "native bfloat16 on this CPU" if precision == "bf16" else
+             "no native bfloat16 here")
     timings = {}
     t = _stage("world")
     world = out / "world"
-    generate_world(world, world_config(size, seed=seed))
+    generate_world(world, world_config(size, seed=world_seed))
     timings["world_s"] = time.time() - t
 
-    t = _stage("backbone")
-    bb_dir = out / "backbone"
-    if not (bb_dir / "metrics.json").is_file():
+    t = _stage("backbone" + (" (training)" if train_backbone else " (pretrained, shipped with foco)"))
+    bb_dir = out / "backbone" if train_backbone else PRETRAINED
+    if train_backbone and not (bb_dir / "metrics.json").is_file():
         train_world_backbone(world, bb_dir, plan.backbone)
     backbone = load_world_backbone(bb_dir)
+    _check_backbone(out / "backbone.json", backbone.spec)
     timings["backbone_s"] = time.time() - t
 
     t = _stage(f"decompositions ({decomposer})")
@@ -117,7 +131,7 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
 
     t = _stage("features")
     feats = out / "features"
-    xcfg = ExtractConfig()
+    xcfg = ExtractConfig(precision=precision)
     extract_world_split(backbone, world, "train", feats / f"train{suffix}", xcfg, include_captions=False,
                         decompositions=decompositions)
     for split in (plan.benchmark_split, "val"):  # val: slerp's alpha is chosen there
@@ -140,13 +154,27 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     timings["foco_edits_s"] = time.time() - t
 
     t = _stage("evaluation")
-    results = evaluate_world(world, plan.benchmark_split, feats, foco_dir, out / f"attention{suffix}", plan.figures,
+    results = evaluate_world(world, plan.benchmark_split, feats, foco_dir, out / f"figures{suffix}", plan.figures,
                              edits_dir)
-    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, **results}
+    results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, "seed": seed,
+               "precision": precision, "backbone": backbone.spec, **results}
     timings["eval_s"] = time.time() - t
     results["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     atomic_write_text(out / f"results{suffix}.json", json.dumps(results, indent=2) + "\n")
     return results
+
+
+def _check_backbone(record: Path, spec: str) -> None:
+    """Every stage after the backbone reuses what the folder holds, so one folder serves one backbone: a rerun
+    with or without --train-backbone against a folder made the other way is refused, not mixed."""
+    if record.is_file():
+        have = json.loads(record.read_text()).get("backbone")
+        if have != spec:
+            flag = "without" if spec.endswith(":" + PRETRAINED) else "with"
+            raise ValueError(f"{record.parent} was made with the backbone {have}, not {spec}: rerun {flag} "
+                             "--train-backbone, or choose another --out")
+        return
+    atomic_write_text(record, json.dumps({"backbone": spec}) + "\n")
 
 
 def _has_stage3(folder: Path) -> bool:
@@ -165,7 +193,8 @@ def train_foco_edits(out: Path, suffix: str, train_features: Path, decomposition
     with EditStore(store) as st:
         records = st.records(stats.settings_id)
     texts = out / "features" / f"edit-texts{suffix}"
-    encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives)
+    encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives,
+                      cfg=ExtractConfig(precision=plan.foco.precision))
     table = build_edit_table(train_features, texts, records, max_negatives=ep.max_negatives)
     if ep.image_weight > 0:
         table, match = table.with_targets("auto")
@@ -185,28 +214,51 @@ QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHOD
 def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, figures: Path, n_figures: int,
                    foco_edits: Path | None = None) -> dict:
     """FoCo, foco-edits (when given), slerp (alpha chosen on val) and the simple baselines on the world's `split`
-    through the one evaluation path, with attention figures of FoCo on `single`: {"protocols", "methods" (one row
-    per method), "R@1_by_edit_type", "chosen_on_val" (slerp's alpha per protocol)}."""
+    through the one evaluation path: {"protocols", "methods" (one row per method), "R@1_by_edit_type",
+    "chosen_on_val" (slerp's alpha per protocol)}. Draws into `figures`: one query of each of `n_figures` edit
+    types on `single` (a row per method, F_Aggr's attention for the FoCo rows, ground truths outlined) and the
+    R@1-by-edit-type chart."""
     methods = tuple(m for m in QUICKSTART_METHODS if m != "foco-edits" or foco_edits is not None)
     cache = world_cache_features(features)
     cfg = EvalConfig(methods=methods, options=MethodOptions(checkpoint=checkpoint, foco_edits=foco_edits),
                      by_category=True, slerp_alpha="val", val=val_parts(lambda: read_world(world, "val"), cache))
+    answers: dict[str, dict[int, tuple[list[str], object]]] = {}  # method -> query -> (top-5 ids, attention)
+    shown: list[int] = []
 
     def figure_hook(name: str, bench: CIRBenchmark, feats: PartFeatures, composed, rankings) -> None:
-        if name == "foco" and bench.name == "world/single":
-            _figures(bench, composed, rankings, figures, n_figures)
+        if bench.name != "world/single":
+            return
+        if not shown:
+            shown.extend(_one_query_per_type(bench, n_figures))
+        answers[name] = {q: ([rankings.gallery_ids[i] for i in rankings.full[q, :5].tolist()],
+                             composed.attention[q] if composed.attention is not None else None) for q in shown}
 
-    res = evaluate(read_world(world, split), cache, cfg, on_ranked=figure_hook)
+    bench = read_world(world, split)
+    res = evaluate(bench, cache, cfg, on_ranked=figure_hook)
+    single = next(b for b in bench if b.name == "world/single")
+    by_type = {name: {t: round(v, 2) for t, v in per.items()}
+               for name, per in res["parts"]["world/single"]["R@1_by_category"].items()}
+    for q in shown:
+        query = single.queries[q]
+        rows = [FigureRow(label_of(name), [single.images[g].load() for g in top], [g in query.targets for g in top],
+                          attention) for name, per in answers.items() for top, attention in [per[q]]]
+        retrieval_figure(figures / f"{query.id}-{query.category}.png", single.images[query.reference].load(),
+                         query.texts[0], rows, title=f"world {split}, query {query.id} ({query.category})")
+    edit_type_chart(figures / "r1_by_edit_type.png", by_type, "R@1",
+                    f"R@1 by edit type, world {split} (single protocol)")
     return {"protocols": {label(p): {"queries": e["queries"], "gallery": e["gallery"]}
                           for p, e in res["parts"].items()},
             "methods": res["methods"],
             "chosen_on_val": res["chosen"],
-            "R@1_by_edit_type": {name: {t: round(v, 2) for t, v in by_type.items()}
-                                 for name, by_type in res["parts"]["world/single"]["R@1_by_category"].items()}}
+            "R@1_by_edit_type": by_type}
 
 
-def _figures(bench: CIRBenchmark, composed, rankings, folder: Path, n: int) -> None:
-    """The first query of each of `n` edit types, with FoCo's attention and its top 5."""
+def label_of(method: str) -> str:
+    return "FoCo" if method == "foco" else method
+
+
+def _one_query_per_type(bench: CIRBenchmark, n: int) -> list[int]:
+    """The first query of each of the first `n` edit types."""
     chosen, seen = [], set()
     for q, query in enumerate(bench.queries):
         if query.category not in seen:
@@ -214,9 +266,4 @@ def _figures(bench: CIRBenchmark, composed, rankings, folder: Path, n: int) -> N
             seen.add(query.category)
         if len(chosen) == n:
             break
-    for q in chosen:
-        query = bench.queries[q]
-        top = [rankings.gallery_ids[i] for i in rankings.full[q, :5].tolist()]
-        retrieval_figure(folder / f"{query.id}-{query.category}.png", bench.images[query.reference].load(),
-                         composed.attention[q] if composed.attention is not None else None, query.texts[0],
-                         [bench.images[g].load() for g in top], [g in query.targets for g in top])
+    return chosen

@@ -48,5 +48,11 @@ def test_a_damaged_feature_shard_names_its_file_and_the_fix(tmp_path):
     extract_texts(Tiny(), [(t, t) for t in ("a", "b", "c")], tmp_path / "cache", ExtractConfig(shard_size=2))
     shard = tmp_path / "cache" / "texts" / "shard-00001.safetensors"
     shard.write_bytes(shard.read_bytes()[:20])
-    with pytest.raises(ValueError, match=r"shard-00001.safetensors is not a readable.*rerun `foco features extract`"):
+    with pytest.raises(ValueError, match=r"shard-00001.safetensors: its bytes do not match the sha256.*rerun the "
+                                         r"`foco features extract`"):
+        FeatureCache(tmp_path / "cache").texts()
+    record = tmp_path / "cache" / "texts" / "shard-00001.json"  # a cache from before shards recorded their hash
+    record.write_text(json.dumps({"ids": json.loads(record.read_text())["ids"]}))
+    with pytest.raises(ValueError, match=r"shard-00001.safetensors is not a readable.*rerun the `foco features "
+                                         r"extract`"):
         FeatureCache(tmp_path / "cache").texts()

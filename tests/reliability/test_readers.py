@@ -58,8 +58,12 @@ def test_exports_are_copies_and_never_mix_two_splits(tiny_world, tmp_path):
     img = next(p for p in out.rglob("*.png"))
     assert os.stat(img).st_nlink == 1  # a copy
     export_world(tiny_world, "circo", "val", out)  # the same export again: the same bytes, kept
-    with pytest.raises(ManifestError, match="another image.*--out"):
+    with pytest.raises(ManifestError, match="another split.*own --out"):
         export_world(tiny_world, "circo", "test", out)
+    other = next(p for p in out.rglob("*.png") if p != img)
+    img.write_bytes(other.read_bytes())  # a file of the same name but another image
+    with pytest.raises(ManifestError, match="another image.*--out"):
+        export_world(tiny_world, "circo", "val", out)
 
 
 def test_a_duplicate_fashioniq_image_is_named(tiny_world, tmp_path):

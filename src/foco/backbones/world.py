@@ -186,13 +186,15 @@ def uint8_to_input(batch: torch.Tensor) -> torch.Tensor:
 class WorldBackbone:
     """The `world:PATH` backbone: a trained `WorldCLIP` checkpoint plus the frozen MiniLM encoder."""
 
-    def __init__(self, model: WorldCLIP, path: str | None = None, device: str | torch.device = "cpu"):
+    def __init__(self, model: WorldCLIP, path: str | None = None, device: str | torch.device = "cpu",
+                 name: str | None = None):
         self.model = model.eval().requires_grad_(False).to(device)
         self.cfg = model.cfg
         self.device = torch.device(device)
         self.embed_dim = self.cfg.embed_dim
         self.num_patches = self.cfg.num_patches
-        self._path = str(Path(path).resolve()) if path else path  # provenance that works from any folder
+        # provenance that works from any folder: the resolved path, or a name every machine resolves (`pretrained`)
+        self._path = name or (str(Path(path).resolve()) if path else path)
         self._minilm: FrozenMiniLM | None = None
 
     @property
@@ -241,33 +243,50 @@ class WorldBackbone:
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
+PRETRAINED = "pretrained"  # `world:pretrained`: the weights shipped with foco (foco/assets/world_backbone)
+
+
+def pretrained_dir() -> Path:
+    """The folder of the world backbone shipped inside the package (see its config.json's "provenance")."""
+    return Path(__file__).resolve().parent.parent / "assets" / "world_backbone"
 
 
 def save_world_checkpoint(model: WorldCLIP, path: str | Path, extra: dict | None = None) -> None:
-    """safetensors weights + JSON config, each written atomically."""
+    """safetensors weights + JSON config (with the weights' sha256, checked at load), each written atomically."""
+    import hashlib
     from safetensors.torch import save as st_save
     from ..utils.io import atomic_write_bytes, atomic_write_text
     path = Path(path)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    atomic_write_bytes(path / WEIGHTS_NAME, st_save(state))
-    cfg = {"backbone": "world", "config": asdict(model.cfg), **(extra or {})}
+    data = st_save(state)
+    atomic_write_bytes(path / WEIGHTS_NAME, data)
+    cfg = {"backbone": "world", "config": asdict(model.cfg), "weights_sha256": hashlib.sha256(data).hexdigest(),
+           **(extra or {})}
     atomic_write_text(path / CONFIG_NAME, json.dumps(cfg, indent=2, sort_keys=True) + "\n")
 
 
 def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") -> WorldBackbone:
-    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved)."""
-    from ..utils.io import load_tensors, load_weights
-    from ..utils.io import read_json
-    path = Path(path)
+    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved). `pretrained` names the weights
+    shipped with foco; a folder of that name is reached as `./pretrained`. The weights must match the sha256 their
+    config records."""
+    from ..utils.io import load_tensors, load_weights, read_json, sha256_file
+    shipped = str(path) == PRETRAINED
+    path = pretrained_dir() if shipped else Path(path)
+    fix = "reinstall foco (`pip install -e .`), or train one with `foco quickstart --train-backbone`" if shipped \
+        else "retrain it with `foco backbone train`"
     if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
-        raise FileNotFoundError(f"no world backbone at {path}: expected {CONFIG_NAME} and {WEIGHTS_NAME}; "
-                                f"train one with `foco backbone train`")
+        raise FileNotFoundError(f"no world backbone at {path}: expected {CONFIG_NAME} and {WEIGHTS_NAME}; {fix}")
     meta = read_json(path / CONFIG_NAME)
     if meta.get("backbone") != "world":
         raise ValueError(f"{path / CONFIG_NAME} is not a world backbone config")
+    want = meta.get("weights_sha256")
+    if want is not None and sha256_file(path / WEIGHTS_NAME) != want:
+        raise ValueError(f"{path / WEIGHTS_NAME} does not match the sha256 recorded in {path / CONFIG_NAME} "
+                         f"({want[:12]}...): the file is damaged or was replaced; {fix}")
+    if shipped and want is None:
+        raise ValueError(f"{path / CONFIG_NAME} records no weights_sha256; {fix}")
     raw = dict(meta["config"])
     raw["widths"] = tuple(raw["widths"])
     model = WorldCLIP(WorldBackboneConfig(**raw))
-    fix = "retrain it with `foco backbone train`"
     load_weights(model, load_tensors(path / WEIGHTS_NAME, fix), path / WEIGHTS_NAME, fix)
-    return WorldBackbone(model, str(path), device)
+    return WorldBackbone(model, str(path), device, name=PRETRAINED if shipped else None)

@@ -69,6 +69,13 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path) -> di
         raise ValueError(f"unknown export format {fmt!r}; choose from {', '.join(FORMATS)}")
     world, out = Path(world), Path(out)
     protocol = "multi" if fmt == "circo" else "single"
+    if fmt == "circo":  # one gallery and one image-info file per folder, as in the official layout
+        mine = f"world_export.circo.{split}.json"
+        others = sorted(p.name for p in out.glob("world_export.circo.*.json") if p.name != mine)
+        if others:
+            raise ManifestError(f"{out} already holds a CIRCO export of another split ({', '.join(others)}): CIRCO's "
+                                "splits share one gallery and one image-info file, and the world's splits have "
+                                "different galleries, so each split needs its own --out")
     bench = load_benchmark(world, split, protocol)
     writer = {"cirr": _cirr, "circo": _circo, "fashioniq": _fashioniq, "genecis": _genecis}[fmt]
     query_map, extra = writer(world, bench, split, out)

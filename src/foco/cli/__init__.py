@@ -27,11 +27,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from ..decompose.client import ConfigError
-    from ..utils.io import ImageLoadError, ManifestError
+    from ..utils.io import ImageLoadError, ManifestError, WriteError
     try:
         return args.func(args)
     except (ManifestError, ImageLoadError, ConfigError, FileNotFoundError, FileExistsError, ValueError,
-            ImportError) as exc:
+            ImportError, WriteError, PermissionError) as exc:
         print(f"foco: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

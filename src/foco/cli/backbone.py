@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--batch-size", type=positive_int, default=256, help="examples per step")
     t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (linear warm-up, then cosine decay)")
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
-    t.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")
     t.set_defaults(func=_train)
     e = bb.add_parser("eval", help="caption<->image retrieval of a backbone on a pairs split")

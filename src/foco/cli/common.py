@@ -90,10 +90,10 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
     llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
     llm.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    llm.add_argument("--retries", type=int, default=3, help="retries per item before the rule fallback")
+    llm.add_argument("--retries", type=nonneg_int, default=3, help="retries per item before the rule fallback")
     llm.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
-    llm.add_argument("--concurrency", type=int, default=4, help="requests in flight")
-    llm.add_argument("--max-tokens", type=int, default=400, help="most tokens an LLM answer may use")
+    llm.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight")
+    llm.add_argument("--max-tokens", type=positive_int, default=400, help="most tokens an LLM answer may use")
     llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
 
 

@@ -82,9 +82,9 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")
-    p.add_argument("--lora-rank", type=int, default=8, help="LoRA rank (hf text tower)")
+    p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank (hf text tower)")
     p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (hf text tower)")
-    p.add_argument("--max-steps", type=int, default=None, help="cap on each phase's steps (smoke runs)")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
 
@@ -118,7 +118,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--soft-weight", type=float, default=1.0, help="weight of the soft text alignment")
     t.add_argument("--target-threshold", default="auto",
                    help="a cosine, or 'auto': the corpus's median caption-image cosine")
-    t.add_argument("--max-triplets", type=int, default=None, help="keep at most this many synthetic triplets")
+    t.add_argument("--max-triplets", type=positive_int, default=None, help="keep at most this many synthetic triplets")
     t.add_argument("--world", default=None, help="a world folder: check the retrieved targets against its scenes")
     t.add_argument("--split", default="train", help="with --world: the pairs split of --features")
     t.set_defaults(func=_tscir_train)

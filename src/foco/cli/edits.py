@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_llm_args, chat_config, positive_int
+from .common import add_llm_args, chat_config, nonneg_int, positive_int
 
 
 def _sources(a: argparse.Namespace) -> list:
@@ -84,8 +84,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
     g.add_argument("--out", required=True, help="SQLite store of triplets (created or resumed)")
     _writer_args(g, templates="train")
-    g.add_argument("--per-caption", type=int, default=1, help="edits per source caption")
-    g.add_argument("--min-shared-heads", type=int, default=2,
+    g.add_argument("--per-caption", type=positive_int, default=1, help="edits per source caption")
+    g.add_argument("--min-shared-heads", type=nonneg_int, default=2,
                    help="attribute words are of one kind when they modify this many common head nouns")
     g.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
     g.add_argument("--batch-size", type=positive_int, default=256, help="source captions per store transaction")

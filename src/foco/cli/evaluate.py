@@ -66,7 +66,7 @@ def _sources(a, name: str, root: str, split: str, options: dict, spec: str | Non
     cache = Path(a.cache) if a.cache else Path("runs") / "cache" / f"{name}-{split}" / backbone_slug(spec)
     val_cache = cache if split == "val" else (Path(f"{a.cache}-val") if a.cache else
                                               Path("runs") / "cache" / f"{name}-val" / backbone_slug(spec))
-    extract = ExtractConfig(batch_size=a.batch_size, out_flag="--cache")
+    extract = ExtractConfig(batch_size=a.batch_size, out_flag="--cache", precision=a.precision)
     return (cached_features(backbone, cache, extract),
             val_parts(lambda: read_benchmark(name, root, "val", **options), cached_features(backbone, val_cache,
                                                                                             extract)))
@@ -129,7 +129,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--slerp-alpha", default="val", help="slerp's alpha, or 'val' to choose it on the val split")
     ev.add_argument("--chord", default=None, metavar="LAMBDA",
                     help="Chord scoring with this lambda for every method, or 'val' to choose it per method on val")
-    ev.add_argument("--chord-shortlist", type=int, default=None,
+    ev.add_argument("--chord-shortlist", type=positive_int, default=None,
                     help="Chord rescores only the cosine top-N of the gallery (default: all of it)")
     ev.add_argument("--by-category", action="store_true",
                     help="also R@1 per query category (world edit types, FashionIQ categories)")
@@ -143,6 +143,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
                          "runs/submissions)")
     ev.add_argument("--batch-size", type=positive_int, default=128, help="images or texts per encoder call")
+    ev.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                    help="of the features encoded into --cache: fp32 (default), bf16 autocast, or auto (bf16 where "
+                         "native); a cache keeps the precision it was made with")
     ev.add_argument("--device", default="cpu", help="torch device of the backbone: cpu, cuda, cuda:1, ...")
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.set_defaults(func=_eval)

@@ -9,7 +9,7 @@ def _quickstart(a: argparse.Namespace) -> int:
     from ..eval.report import metrics_table
     from ..quickstart import run_quickstart
     t0 = time.time()
-    res = run_quickstart(a.out, a.size, a.seed, a.decomposer)
+    res = run_quickstart(a.out, a.size, a.seed, a.decomposer, a.train_backbone, a.world_seed, a.precision)
     print(f"Benchmark: {res['benchmark']} " + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery"
                                                      for p, v in res["protocols"].items()) + "\n")
     print(metrics_table(res["methods"], digits=1))
@@ -18,8 +18,9 @@ def _quickstart(a: argparse.Namespace) -> int:
     print("foco-edits is FoCo with a third stage on edit triplets written from captions: not in the FoCo paper.")
     print("\nR@1 by edit type (single):\n\n" + metrics_table(res["R@1_by_edit_type"], digits=1))
     suffix = "" if a.decomposer == "oracle" else f"-{a.decomposer}"
-    print(f"\nresults in {a.out}/results{suffix}.json, figures in {a.out}/attention{suffix}/ "
-          f"({time.time() - t0:.0f}s)")
+    print(f"\nresults in {a.out}/results{suffix}.json; figures in {a.out}/figures{suffix}/ (one query per edit "
+          f"type, every method; r1_by_edit_type.png); loss curves in {a.out}/foco{suffix}/loss_curve.png and "
+          f"{a.out}/foco-edits{suffix}/loss_curve.png ({time.time() - t0:.0f}s)")
     return 0
 
 
@@ -28,7 +29,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     qs.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     qs.add_argument("--size", default="default", choices=["tiny", "default"],
                     help="world size: tiny (a smoke run) or default")
-    qs.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    qs.add_argument("--seed", type=int, default=0,
+                    help="training seed of FoCo and foco-edits (and of the backbone with --train-backbone); same "
+                         "seed, same machine, same result")
+    qs.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
     qs.add_argument("--decomposer", default="oracle", choices=["oracle", "rule"],
                     help="training decompositions; rule (spaCy) is the paper's ablation and trains beside oracle")
+    qs.add_argument("--train-backbone", action="store_true",
+                    help="train the world backbone on this world (about 4 min) instead of loading the pretrained "
+                         "weights shipped with foco (world:pretrained)")
+    qs.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="of feature extraction and FoCo training; auto: bf16 autocast where the CPU computes "
+                         "bfloat16 natively (AMX, AVX512-BF16), else fp32")
     qs.set_defaults(func=_quickstart)

@@ -11,7 +11,8 @@ def _features_extract(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..features import ExtractConfig
     from ..world.splits import extract_world_split
-    cfg = ExtractConfig(shard_size=a.shard_size, batch_size=a.batch_size, dtype=a.dtype, patches=not a.no_patches)
+    cfg = ExtractConfig(shard_size=a.shard_size, batch_size=a.batch_size, dtype=a.dtype, patches=not a.no_patches,
+                        precision=a.precision)
     decs = None
     if a.decompositions is not None:
         from ..world.decompositions import world_decompositions
@@ -19,8 +20,23 @@ def _features_extract(a: argparse.Namespace) -> int:
     stats = extract_world_split(create_backbone(a.backbone), a.world, a.split, a.out, cfg, decompositions=decs)
     for kind, s in stats.items():
         rate = f"{s['encoded'] / s['seconds']:.1f}/s" if s["encoded"] else "all cached"
-        print(f"{kind}: {s['items']} items, {s['encoded']} encoded now ({rate})")
+        repaired = f", {s['repaired']} damaged shard(s) encoded again" if s["repaired"] else ""
+        print(f"{kind}: {s['items']} items, {s['encoded']} encoded now ({rate}{repaired})")
     print(f"features in {a.out}")
+    return 0
+
+
+def _features_verify(a: argparse.Namespace) -> int:
+    from ..features import verify_cache
+    report = verify_cache(a.cache)
+    bad = [m for r in report.values() for m in r["bad"]]
+    for kind, r in report.items():
+        print(f"{kind}: {r['shards']} shards, {len(r['bad'])} bad")
+    if bad:
+        print("\n".join(bad))
+        print("rerun the `foco features extract` command that made this cache to encode the bad shards again")
+        return 1
+    print(f"{a.cache}: every shard matches its recorded sha256")
     return 0
 
 
@@ -36,7 +52,8 @@ def _train(a: argparse.Namespace) -> int:
                           max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias),
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
-                          edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight)
+                          edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
+                          precision=a.precision)
     check_resume(a)
     table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer,
                                                               a.max_fallback))
@@ -84,6 +101,11 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     return 0
 
 
+def add_precision_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                   help="fp32 (default), bf16 autocast, or auto (bf16 where the CPU or GPU computes it natively)")
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     feats = sub.add_parser("features", help="the feature cache").add_subparsers(dest="action", required=True)
     x = feats.add_parser("extract", help="encode a world split once into resumable shards")
@@ -92,13 +114,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--split", required=True,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
     x.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    x.add_argument("--shard-size", type=int, default=2048, help="items per safetensors shard (the unit of resume)")
+    x.add_argument("--shard-size", type=positive_int, default=2048, help="items per safetensors shard (the unit of resume)")
     x.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     x.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
         help="storage dtype of patch and token features")
     x.add_argument("--no-patches", action="store_true", help="store only global image features")
+    add_precision_arg(x)
     add_decomposition_args(x)
     x.set_defaults(func=_features_extract)
+    v = feats.add_parser("verify", help="check every shard of a cache against its recorded sha256")
+    v.add_argument("--cache", required=True, help="a feature cache folder (foco features extract --out)")
+    v.set_defaults(func=_features_verify)
 
     tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
     tr.add_argument("--features", required=True, help="feature cache of the training split")
@@ -112,9 +138,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--lr-stage1", type=float, default=5e-4, help="learning rate of the first stage")
     tr.add_argument("--lr-aggr", type=float, default=5e-5, help="F_Aggr's learning rate in stage 2")
     tr.add_argument("--lr-comp", type=float, default=3e-5, help="F_Comp's learning rate in stage 2")
-    tr.add_argument("--max-negatives", type=int, default=None, help="cap on cross-instance negatives per anchor")
+    tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
     tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    add_precision_arg(tr)
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     ed = tr.add_argument_group("foco-edits: a third stage on edit triplets (NOT in the FoCo paper)")
     ed.add_argument("--edits", default=None, help="SQLite store of `foco edits generate` (off: the paper's recipe)")

@@ -36,10 +36,30 @@ class StoreError(ValueError):
     pass
 
 
+@contextlib.contextmanager
+def writing(db: sqlite3.Connection, path: Path):
+    """One transaction; a full disk or a read-only store rolls it back (SQLite keeps the store consistent) and is
+    reported as a `WriteError` that names the store, not as a bare OperationalError."""
+    from ..utils.io import WriteError
+    try:
+        with db:
+            yield db
+    except sqlite3.OperationalError as exc:
+        msg = str(exc)
+        if any(k in msg for k in ("disk is full", "readonly", "unable to open", "disk I/O error")):
+            raise WriteError(f"cannot write {path}: {msg}; the transaction was rolled back and the store keeps "
+                             "everything written before it. Free space or choose a writable --out, then rerun the "
+                             "same command to resume") from exc
+        raise
+
+
 def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
     """A connection to the SQLite store at `path`, which never exists without its schema: a new store is built
     under a temporary name (schema, WAL mode) and linked into place, so a reader polling `path` (a test, a second
     job) sees either no file or a store with every table. An existing store gets any missing table."""
+    from ..utils.io import WriteError, unwritable_reason
+    if not path.exists() and (why := unwritable_reason(path.parent)):
+        raise WriteError(f"cannot create {path}: {why}; choose a writable --out")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         if not path.exists():
@@ -55,8 +75,14 @@ def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
         db = sqlite3.connect(path, timeout=60)
         init_schema(db, schema)
         return db
+    except sqlite3.OperationalError as exc:
+        if any(k in str(exc) for k in ("disk is full", "readonly", "unable to open", "disk I/O error")):
+            raise WriteError(f"cannot create or open {path}: {exc}; choose a writable --out") from exc
+        raise StoreError(f"{path} is not a foco {what}: {exc}") from exc
     except sqlite3.DatabaseError as exc:
         raise StoreError(f"{path} is not a foco {what}: {exc}") from exc
+    except PermissionError as exc:
+        raise WriteError(f"cannot create {path}: the folder is not writable; choose a writable --out") from exc
 
 
 def init_schema(db: sqlite3.Connection, schema: str) -> None:
@@ -79,7 +105,8 @@ class DecompositionStore:
         self.close()
 
     def register(self, settings: dict[str, Any]) -> str:
-        return register_settings(self.db, settings)
+        with writing(self.db, self.path):
+            return register_settings(self.db, settings)
 
     def done_hashes(self, sid: str, include_flagged: bool = True) -> set[str]:
         """Captions stored for `sid`; without the flagged ones (a fallback wrote them) when `include_flagged` is
@@ -93,7 +120,7 @@ class DecompositionStore:
         when `replace_flagged` (a retry of what a fallback wrote). Returns rows written."""
         rows = [(caption_hash(d.caption), sid, d.caption, json.dumps(d.to_dict(), ensure_ascii=False), d.flag)
                 for d in results]
-        with self.db:
+        with writing(self.db, self.path):
             before = self.db.total_changes
             if replace_flagged:
                 self.db.executemany("DELETE FROM decompositions WHERE caption_hash = ? AND settings_id = ? "

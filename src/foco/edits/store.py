@@ -7,7 +7,7 @@ import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..decompose.store import open_store, read_settings, register_settings
+from ..decompose.store import open_store, read_settings, register_settings, writing
 from .schema import ITTRecord
 
 _SCHEMA = """
@@ -32,7 +32,8 @@ class EditStore:
         self.db.close()
 
     def register(self, settings: dict[str, Any]) -> str:
-        return register_settings(self.db, settings)
+        with writing(self.db, self.path):
+            return register_settings(self.db, settings)
 
     def done_sources(self, sid: str) -> set[str]:
         return {s for (s,) in self.db.execute("SELECT source_id FROM sources WHERE settings_id = ?", (sid,))}
@@ -41,7 +42,7 @@ class EditStore:
         """Writes each source's records (possibly none: a caption no edit fits) in one transaction; returns how
         many sources were new."""
         new = 0
-        with self.db:
+        with writing(self.db, self.path):
             for source_id, records in per_source:
                 cur = self.db.execute("INSERT OR IGNORE INTO sources VALUES (?, ?, ?)", (source_id, sid, len(records)))
                 if cur.rowcount:

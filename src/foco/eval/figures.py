@@ -1,7 +1,14 @@
-"""Figures in the style of the paper's Figure 4: the reference with F_Aggr's attention overlaid, the modification
-text, and the top-5 retrieved images (the ground truth outlined in green)."""
+"""Figures a person can read, in the style of the paper's Figure 4: one row per method with the reference, F_Aggr's
+attention over it (methods that have one) and the top-k retrieved images, each ground-truth target outlined in
+green; and a grouped bar chart of a metric per edit type and method.
+
+matplotlib (`pip install foco[plot]`) draws them; without it the retrieval figure falls back to a plain PIL grid
+and the bar chart is skipped with a note.
+"""
 from __future__ import annotations
 
+import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -9,38 +16,143 @@ import numpy as np
 import torch
 from PIL import Image, ImageDraw
 
+from ..utils.plot import have_matplotlib, pyplot
 
-def attention_overlay(image: Image.Image, attention: torch.Tensor, side: int = 192) -> Image.Image:
-    """Blends a red heat map of the (P,) attention, reshaped to its square grid, over the image."""
+log = logging.getLogger(__name__)
+GREEN = (0, 170, 0)
+
+
+@dataclass
+class FigureRow:
+    """One method's answer to one query."""
+
+    method: str
+    results: list[Image.Image]  # the top-k gallery images, best first
+    correct: list[bool]  # (k,) whether each is a ground-truth target
+    attention: torch.Tensor | None = None  # (P,) F_Aggr's head-averaged attention over the reference's patches
+
+
+def attention_map(attention: torch.Tensor, side: int) -> np.ndarray:
+    """The (P,) attention reshaped to its square grid, min-max scaled and resized to (side, side) in [0, 1]."""
     g = int(round(attention.numel() ** 0.5))
     a = attention.detach().float().reshape(g, g).numpy()
     a = (a - a.min()) / max(float(a.max() - a.min()), 1e-8)
     heat = Image.fromarray((a * 255).astype(np.uint8), "L").resize((side, side), Image.BICUBIC)
+    return np.asarray(heat, dtype=np.float32) / 255.0
+
+
+def attention_overlay(image: Image.Image, attention: torch.Tensor, side: int = 192) -> Image.Image:
+    """Blends a red heat map of the (P,) attention over the image (the PIL fallback, and the server's PNG)."""
+    heat = Image.fromarray((attention_map(attention, side) * 255).astype(np.uint8), "L")
     base = image.convert("RGB").resize((side, side), Image.NEAREST)
     red = Image.new("RGB", (side, side), (255, 0, 0))
     return Image.composite(red, base, heat.point(lambda v: int(v * 0.6)))
 
 
-def retrieval_figure(path: str | Path, reference: Image.Image, attention: torch.Tensor | None, text: str,
-                     results: Sequence[Image.Image], correct: Sequence[bool], side: int = 128) -> None:
-    pad, header = 8, 28
-    n = len(results)
-    lead = 2 if attention is not None else 1  # the plain reference, then the reference under the attention map
-    W = pad + (side + pad) * (n + lead) + pad
-    H = header + side + pad * 2 + 16
+def retrieval_figure(path: str | Path, reference: Image.Image, text: str, rows: Sequence[FigureRow],
+                     title: str = "") -> None:
+    """Writes the figure of one query: a row per method (its name on the left), green borders on ground truths."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if not have_matplotlib():
+        _retrieval_figure_pil(path, reference, text, rows)
+        return
+    plt = pyplot()
+    k = max(len(r.results) for r in rows)
+    ncols = 2 + k
+    fig, axes = plt.subplots(len(rows), ncols, figsize=(1.45 * ncols, 1.55 * len(rows) + 0.7), dpi=100,
+                             squeeze=False)
+    ref = np.asarray(reference.convert("RGB"))
+    outlined = set()  # axes of ground-truth results
+    for r, row in enumerate(rows):
+        ax = axes[r, 0]
+        ax.imshow(ref, interpolation="nearest")
+        ax.set_ylabel(row.method, fontsize=10, fontweight="bold", rotation=0, ha="right", va="center")
+        if r == 0:
+            ax.set_title("reference", fontsize=8)
+        ax = axes[r, 1]
+        if row.attention is not None:
+            side = ref.shape[0]
+            ax.imshow(ref, interpolation="nearest")
+            ax.imshow(attention_map(row.attention, side), cmap="jet", alpha=0.45, extent=(-0.5, side - 0.5,
+                                                                                          side - 0.5, -0.5))
+            if r == 0 or rows[r - 1].attention is None:
+                ax.set_title("F_Aggr attention", fontsize=8)
+        else:
+            ax.text(0.5, 0.5, "no attention\nmap", ha="center", va="center", fontsize=7, color="grey",
+                    transform=ax.transAxes)
+        for c in range(k):
+            ax = axes[r, 2 + c]
+            if c >= len(row.results):
+                continue
+            ax.imshow(np.asarray(row.results[c].convert("RGB")), interpolation="nearest")
+            if r == 0:
+                ax.set_title(f"top {c + 1}", fontsize=8)
+            if row.correct[c]:
+                outlined.add((r, 2 + c))
+    for (r, c), ax in np.ndenumerate(axes):
+        ax.set_xticks([])
+        ax.set_yticks([])
+        for spine in ax.spines.values():
+            if (r, c) in outlined:
+                spine.set_edgecolor("#00aa00")
+                spine.set_linewidth(4)
+            else:
+                spine.set_visible(False)
+    fig.suptitle((title + "\n" if title else "") + f'"{text}"   (green border: a ground-truth target)',
+                 fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _retrieval_figure_pil(path: Path, reference: Image.Image, text: str, rows: Sequence[FigureRow],
+                          side: int = 96) -> None:
+    pad, header, label = 8, 28, 90
+    k = max(len(r.results) for r in rows)
+    W = label + (side + pad) * (k + 2) + pad
+    H = header + (side + pad) * len(rows) + pad
     fig = Image.new("RGB", (W, H), "white")
     d = ImageDraw.Draw(fig)
-    d.text((pad, 6), f'"{text}"', fill="black")
-    fig.paste(reference.convert("RGB").resize((side, side), Image.NEAREST), (pad, header))
-    d.text((pad, header + side + 2), "reference", fill="black")
-    if attention is not None:
-        fig.paste(attention_overlay(reference, attention, side), (pad + side + pad, header))
-        d.text((pad + side + pad, header + side + 2), "F_Aggr attention", fill="black")
-    for r, (im, ok) in enumerate(zip(results, correct)):
-        x = pad + (side + pad) * (r + lead) + pad
-        fig.paste(im.convert("RGB").resize((side, side), Image.NEAREST), (x, header))
-        if ok:
-            d.rectangle([x - 3, header - 3, x + side + 2, header + side + 2], outline=(0, 170, 0), width=3)
-        d.text((x, header + side + 2), f"top {r + 1}", fill="black")
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    d.text((pad, 6), f'"{text}"  (green border: a ground-truth target)', fill="black")
+    for r, row in enumerate(rows):
+        y = header + r * (side + pad)
+        d.text((pad, y + side // 2 - 6), row.method, fill="black")
+        fig.paste(reference.convert("RGB").resize((side, side), Image.NEAREST), (label, y))
+        if row.attention is not None:
+            fig.paste(attention_overlay(reference, row.attention, side), (label + side + pad, y))
+        for c, (im, ok) in enumerate(zip(row.results, row.correct)):
+            x = label + (side + pad) * (c + 2)
+            fig.paste(im.convert("RGB").resize((side, side), Image.NEAREST), (x, y))
+            if ok:
+                d.rectangle([x - 3, y - 3, x + side + 2, y + side + 2], outline=GREEN, width=3)
     fig.save(path)
+
+
+def edit_type_chart(path: str | Path, by_type: dict[str, dict[str, float]], metric: str = "R@1",
+                    title: str = "") -> bool:
+    """A grouped bar chart: edit types on the x axis, one bar per method ({method: {edit type: value}}). Returns
+    False (and says why) when matplotlib is missing."""
+    if not have_matplotlib():
+        log.info("matplotlib is not installed: skipping %s (pip install foco[plot] draws it)", path)
+        return False
+    plt = pyplot()
+    methods = list(by_type)
+    types = sorted({t for v in by_type.values() for t in v})
+    width = 0.8 / max(1, len(methods))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(types) + 2), 4.2), dpi=110)
+    x = np.arange(len(types))
+    for m, name in enumerate(methods):
+        vals = [by_type[name].get(t, np.nan) for t in types]
+        ax.bar(x - 0.4 + width * (m + 0.5), vals, width, label=name, color=f"C{m % 10}")
+    ax.set_xticks(x, types)
+    ax.set_ylabel(metric)
+    ax.set_xlabel("edit type")
+    ax.set_title(title or f"{metric} by edit type", fontsize=10)
+    ax.grid(axis="y", alpha=0.3)
+    ax.legend(fontsize=8, ncol=min(4, len(methods)))
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+    return True

@@ -48,6 +48,7 @@ class FoCoTrainConfig:
     edit_negatives: bool = True  # negative captions as hard negatives
     image_weight: float = 0.0  # weight of L_image (the retrieved target image, where the table has one)
     seed: int = 0
+    precision: str = "fp32"  # "bf16" (autocast) or "auto" (bf16 where native): foco.utils.precision
     model: FoCoConfig = field(default_factory=FoCoConfig)
 
 
@@ -117,10 +118,10 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     gen = torch.Generator().manual_seed(cfg.seed)  # the negatives
     model = ComposedQueryEncoder(cfg.model)
     loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo",
-                      plot_keys=("aggr", "comp", "compose"),
-                      plot_title="FoCo training loss per epoch (stage 1, then stage 2" +
+                      plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
+                      plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                  (", then the edit stage)" if cfg.stage3_epochs else ")"),
-                      identity={"backbone": (meta or {}).get("backbone")})
+                      identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision)
     phases = [_stage(model, table, cfg, gen, 1), _stage(model, table, cfg, gen, 2)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg))

@@ -20,7 +20,8 @@ import torch
 
 from ..utils.checkpoint import STATE_JSON, has_training_state, load_training_state, save_training_state
 from ..utils.io import read_json
-from ..utils.plot import plot_curves
+from ..utils.plot import plot_losses
+from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
 
 log = logging.getLogger(__name__)
@@ -59,9 +60,10 @@ class LoopConfig:
     grad_clip: float = 1.0  # max total gradient norm
     max_steps: int | None = None  # cap on each phase's steps; its schedule ends there
     name: str = "training"  # in log lines and progress bars, e.g. "FoCo"
-    plot_keys: tuple[str, ...] = ()  # losses drawn per epoch into loss_curve.png; () draws nothing
+    plot_keys: tuple[str, ...] = ()  # losses drawn per step into loss_curve.png; () draws nothing
     plot_title: str = ""
     identity: dict = field(default_factory=dict)  # what a resumed run must share (e.g. the features' backbone)
+    precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast (foco.utils.precision)
 
 
 def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
@@ -97,12 +99,14 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
             perm = torch.from_numpy(rng.permutation(n))  # (N,)
             batches = [perm[s * B:(s + 1) * B] for s in range(min(S, totals[i] - done))]  # each (B,)
             desc = " ".join([cfg.name, *_words(phase.tag), f"epoch {epoch + 1}/{phase.epochs}"])
-            means = _epoch(phase, opt, batches, cfg, range(done, totals[i]), sum(totals[:i]), desc, on_step)
+            means, step_log = _epoch(phase, opt, batches, cfg, range(done, totals[i]), sum(totals[:i]), desc,
+                                     on_step)
             done += len(batches)
             rec = {**phase.tag, "epoch": epoch + 1, **means, **phase.record(sum(totals[:i]) + done),
                    "elapsed_s": round(time.time() - t0, 2)}
             _end_epoch(out, model, opt, rng, generator, cfg, rec,
-                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, sizes, cfg)})
+                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, sizes, cfg)},
+                       [{"step": k, **phase.tag, **v} for k, v in step_log])
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
@@ -127,7 +131,8 @@ def _check(phases: list[Phase], cfg: LoopConfig) -> None:
 def _identity(phases: list[Phase], sizes: list[int], cfg: LoopConfig) -> dict:
     """What a run is: its batch size, each phase's data size, and what the trainer adds (`LoopConfig.identity`)."""
     return {"batch_size": cfg.batch_size, **{f"examples ({' '.join(_words(p.tag)) or 'training'})": n
-                                             for p, n in zip(phases, sizes) if p.epochs}, **cfg.identity}
+                                             for p, n in zip(phases, sizes) if p.epochs},
+            "precision": resolve_precision(cfg.precision), **cfg.identity}
 
 
 def _check_identity(state_dir: Path, now: dict) -> None:
@@ -171,16 +176,20 @@ def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: 
 
 
 def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor], cfg: LoopConfig,
-           schedule: range, offset: int, desc: str, on_step: OnStep | None) -> dict[str, float]:
-    """One epoch's steps (`schedule`: the phase's steps from here to its end); returns each loss's mean."""
+           schedule: range, offset: int, desc: str, on_step: OnStep | None
+           ) -> tuple[dict[str, float], list[tuple[int, dict[str, float]]]]:
+    """One epoch's steps (`schedule`: the phase's steps from here to its end); returns each loss's mean and the
+    (global step, losses) of every step."""
     params = list(phase.clip_params() if phase.clip_params else (p for g in opt.param_groups for p in g["params"]))
     sums: dict[str, float] = {}
+    log_: list[tuple[int, dict[str, float]]] = []
     with Bar(len(batches), desc) as bar:
         for idx, step in zip(batches, schedule):
             factor = lr_factor(step, schedule.stop, cfg.warmup_frac)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * factor
-            losses = phase.step(idx)
+            with autocast(cfg.precision):
+                losses = phase.step(idx)
             opt.zero_grad(set_to_none=True)
             losses[phase.objective].backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
@@ -188,21 +197,26 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
             values = {k: v.item() for k, v in losses.items()}
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + v
+            log_.append((offset + step, values))
             bar.update(1)
             if on_step is not None:
                 on_step(offset + step, values)
-    return {k: v / max(1, len(batches)) for k, v in sums.items()}
+    return {k: v / max(1, len(batches)) for k, v in sums.items()}, log_
 
 
 def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
-               generator: torch.Generator | None, cfg: LoopConfig, rec: dict, progress: dict) -> None:
+               generator: torch.Generator | None, cfg: LoopConfig, rec: dict, progress: dict,
+               steps: list[dict]) -> None:
+    """Appends the epoch's record (train_log.jsonl) and its steps' losses (train_steps.jsonl), saves the state and
+    redraws the curve. A run killed mid-epoch repeats that epoch on resume, and its steps were never written."""
     log.info("%s %s", cfg.name, rec)
     with (out / "train_log.jsonl").open("a") as f:
         f.write(json.dumps(rec) + "\n")
+    with (out / "train_steps.jsonl").open("a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in steps))
     save_training_state(out / "train_state", model, opt, rng, progress,
                         extra_tensors=None if generator is None else {"generator": generator.get_state()})
     if cfg.plot_keys:
-        recs = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines() if line.strip()]
-        series = {k: [r.get(k) for r in recs] for k in cfg.plot_keys}
-        plot_curves(out / "loss_curve.png", {k: v for k, v in series.items() if any(x is not None for x in v)},
-                    title=cfg.plot_title, xlabel="epoch")
+        recs = [json.loads(line) for line in (out / "train_steps.jsonl").read_text().splitlines() if line.strip()]
+        phase_key = next(iter(progress), "stage") if progress and next(iter(progress)) != "epoch" else "stage"
+        plot_losses(out / "loss_curve.png", recs, cfg.plot_keys, title=cfg.plot_title, phase_key=phase_key)

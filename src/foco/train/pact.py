@@ -142,7 +142,7 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
     phases.append(Phase(cfg.joint_epochs, joint_optimizer, joint, tag={"stage": "joint"}, n=len(edits)))
     loop = LoopConfig(len(edits), min(cfg.batch_size, len(edits), n_images), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
-                      plot_title="PACT training loss per epoch (identity warm-up, then joint)",
+                      plot_title="PACT training losses per step (identity warm-up, then joint)",
                       identity={"backbone": backbone.spec})
     run(composer, phases, out, loop, rng, resume)
     composer.save(out, {"backbone": backbone.spec, "temperature": tau,

@@ -130,7 +130,7 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
               Phase(cfg.stage2_epochs, stage2_opt, composing, tag={"stage": "composing"}, n=len(kept))]
     loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(img_rows)), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
-                      plot_title="TSCIR training loss per epoch (mapping, then composing)",
+                      plot_title="TSCIR training losses per step (mapping, then composing)",
                       identity={"backbone": backbone.spec})
     run(composer, phases, out, loop, rng, resume)
     composer.save(out, {"backbone": backbone.spec, "temperature": tau,

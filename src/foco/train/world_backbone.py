@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .loop import Losses, LoopConfig, Phase, run
 from ..metrics import diagonal_recalls
 from ..utils.io import atomic_write_text, iter_batches, load_image
+from ..utils.provenance import provenance
 from ..utils.progress import progress
 from ..world.manifest import load_pairs
 from ..backbones.world import FrozenMiniLM, WorldBackbone, WorldBackboneConfig, WorldCLIP, save_world_checkpoint, uint8_to_input
@@ -136,10 +137,11 @@ def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainC
                   record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
     run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone"), rng,
         resume)
-    save_world_checkpoint(model, out, extra={"train": {k: v for k, v in asdict(cfg).items() if k != "model"},
-                                              "world": str(world)})
     train_s = time.time() - t0
     backbone = WorldBackbone(model, str(out))
     metrics = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
+    save_world_checkpoint(model, out, extra={"train": {k: v for k, v in asdict(cfg).items() if k != "model"},
+                                              "world": str(Path(world).resolve()), "metrics": metrics,
+                                              "provenance": provenance()})
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return metrics

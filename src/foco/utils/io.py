@@ -18,12 +18,53 @@ class ImageLoadError(OSError):
     """An image is missing or cannot be decoded. The message names the file."""
 
 
+class WriteError(OSError):
+    """An output file could not be written (full disk, file-size limit, read-only or unwritable folder). The file's
+    previous content, if any, is intact."""
+
+    def __init__(self, message: str, errno_: int | None = None):
+        super().__init__(message)
+        self.errno = errno_
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def unwritable_reason(folder: str | Path) -> str | None:
+    """Why files cannot be created in `folder` (its nearest existing ancestor), or None when they can."""
+    folder = Path(folder)
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "the file system is read-only"
+    except OSError:
+        pass
+    if not os.access(folder, os.W_OK):
+        return "the folder is not writable"
+    return None
+
+
+def _write_failed(path: Path, exc: OSError) -> WriteError:
+    import errno
+    why = {errno.ENOSPC: "the disk is full", errno.EFBIG: "the file is larger than this process may write",
+           errno.EROFS: "the file system is read-only", errno.EACCES: "the folder is not writable",
+           errno.EPERM: "the folder is not writable", errno.EDQUOT: "the disk quota is exceeded"
+           }.get(exc.errno, exc.strerror or str(exc))
+    return WriteError(f"cannot write {path}: {why}; nothing was overwritten. Free space or choose a writable --out, "
+                      "then rerun the same command to resume", exc.errno)
+
+
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     """Writes `data` to `path` so that readers see either the old file or the whole new one, with the permissions
-    a plain `open(path, "wb")` would give (0666 minus the umask; mkstemp's own are 0600)."""
+    a plain `open(path, "wb")` would give (0666 minus the umask; mkstemp's own are 0600). A failed write (full
+    disk, read-only folder) leaves no temporary file behind and raises `WriteError` naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as exc:
+        raise _write_failed(path, exc) from exc
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -31,9 +72,11 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
             os.fchmod(f.fileno(), 0o666 & ~_umask())
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         if os.path.exists(tmp):
             os.unlink(tmp)
+        if isinstance(exc, OSError):
+            raise _write_failed(path, exc) from exc
         raise
 
 
@@ -105,6 +148,16 @@ def load_image(path: str | Path) -> Image.Image:
             return im.convert("RGB")
     except Exception as exc:  # PIL raises OSError, SyntaxError, ValueError... for corrupt data
         raise ImageLoadError(f"cannot decode image {path}: {exc}") from exc
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file's bytes, read in chunks."""
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
 
 
 def iter_batches(items: list, batch_size: int) -> Iterator[list]:

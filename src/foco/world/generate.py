@@ -7,6 +7,7 @@ Layout of a world folder (all paths in manifests are relative to it)::
     benchmarks/{val,test}/{single,multi}/gallery.jsonl
     benchmarks/{val,test}/{single,multi}/queries.jsonl
     images/<part>/<id>.png                       64 x 64 RGB
+    images.sha256                                every image's content hash (`sha256sum -c` reads it)
 
 `pretrain` trains the backbone, `train` trains FoCo, `backbone_val` measures the backbone, `val` tunes and `test`
 reports. No two splits share a rendered scene; `backbone_val` also shares no caption-level scene with `pretrain`.
@@ -23,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..utils.io import atomic_write_text
+from ..utils.io import atomic_write_text, sha256_file
 from ..utils.progress import progress
 from .benchmark import Benchmark, build_benchmark
 from .captions import CaptionChoice, caption_scene
@@ -146,6 +147,7 @@ def _render_job(args: tuple[str, dict, str | None]) -> None:
     os.replace(tmp, path)
 
 
+HASHES = "images.sha256"  # "<sha256>  <relative path>" per image, the format of sha256sum
 IN_PROGRESS = ".generating.json"  # the config of a generation that has not finished yet
 
 
@@ -206,6 +208,10 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
                 _render_job(job)
     for name, recs in manifests.items():
         _dump_jsonl(out / name, recs)
+    image_paths = sorted({r["image"] for name, recs in manifests.items() if not name.endswith("queries.jsonl")
+                          for r in recs})
+    atomic_write_text(out / HASHES, "".join(f"{sha256_file(out / rel)}  {rel}\n"
+                                            for rel in progress(image_paths, desc="hashing images")))
     summary = {
         "format_version": FORMAT_VERSION,
         "config": asdict(cfg),

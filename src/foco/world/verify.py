@@ -1,11 +1,12 @@
-"""`foco world verify`: read every manifest and decode every image of a world folder, failing loudly."""
+"""`foco world verify`: read every manifest, decode every image and check it against the content hash recorded at
+generation (images.sha256), failing loudly."""
 from __future__ import annotations
 
 from pathlib import Path
 
-from ..utils.io import ImageLoadError, load_image, read_json
+from ..utils.io import ImageLoadError, load_image, read_json, sha256_file
 from ..utils.progress import progress
-from .generate import BENCH_SPLITS, PAIR_SPLITS, PROTOCOLS
+from .generate import BENCH_SPLITS, HASHES, PAIR_SPLITS, PROTOCOLS
 from .manifest import load_benchmark, load_pairs
 
 
@@ -24,14 +25,39 @@ def verify_world(root: str | Path) -> dict:
             b = load_benchmark(root, split, protocol)
             counts[f"{split}/{protocol}"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
             images += b.gallery_images
+    hashes = _read_hashes(root)
     bad = []
-    for path in progress(images, desc="decoding images"):
+    for path in progress(images, desc="decoding and hashing images"):
         try:
             load_image(path)
         except ImageLoadError as exc:
             bad.append(str(exc))
+            continue
+        rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
+        if hashes is not None:
+            want = hashes.get(rel)
+            if want is None:
+                bad.append(f"{path}: not listed in {root / HASHES}")
+            elif sha256_file(path) != want:
+                bad.append(f"{path}: content differs from the sha256 recorded in {root / HASHES} (replaced or "
+                           "damaged since generation)")
     if bad:
-        raise ImageLoadError(f"{len(bad)} of {len(images)} images are missing or corrupt:\n  " + "\n  ".join(bad[:20])
-                             + ("\n  ..." if len(bad) > 20 else ""))
+        raise ImageLoadError(f"{len(bad)} of {len(images)} images are missing, corrupt or changed:\n  "
+                             + "\n  ".join(bad[:20]) + ("\n  ..." if len(bad) > 20 else "")
+                             + "\nregenerate the world into a new --out (foco world generate)")
     counts["images"] = len(images)
+    counts["content_hashes"] = "checked" if hashes is not None else f"none recorded (no {HASHES}; an older world)"
     return counts
+
+
+def _read_hashes(root: Path) -> dict[str, str] | None:
+    path = root / HASHES
+    if not path.is_file():
+        return None
+    hashes = {}
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        digest, sep, rel = line.partition("  ")
+        if not sep or len(digest) != 64:
+            raise ValueError(f"{path}:{lineno}: expected '<sha256>  <path>'; regenerate the world into a new --out")
+        hashes[rel] = digest
+    return hashes

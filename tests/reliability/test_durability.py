@@ -1,0 +1,151 @@
+"""Reliability (issue 13, durability): a full disk (RLIMIT_FSIZE, as a tiny tmpfs would), a read-only output folder
+and a SIGKILL in the middle of a write. Each command stops with a message that names the file and the fix, leaves
+no half-written file, and a rerun reaches exactly what an undisturbed run writes."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+CHILD = """import os, resource, signal, sys
+limit = int(os.environ.pop("FOCO_TEST_FSIZE", "0"))
+if limit:
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG, as ENOSPC on a full disk
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+from foco.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _foco(args, fsize: int = 0) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-c", CHILD, *map(str, args)],
+                            env={**os.environ, "FOCO_TEST_FSIZE": str(fsize)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _run(args, **kw) -> subprocess.CompletedProcess:
+    p = _foco(args, **kw)
+    out, err = p.communicate(timeout=600)
+    return subprocess.CompletedProcess(p.args, p.returncode, out, err)
+
+
+def _tensors(cache: Path) -> dict:
+    from foco.features import FeatureCache
+    fc = FeatureCache(cache)
+    ids, im = fc.images()
+    tids, tx = fc.texts()
+    return {"ids": ids, "g": im.global_, "p": im.patches, "tids": tids, "t": tx.global_, "tok": tx.tokens}
+
+
+def _same(a: dict, b: dict) -> bool:
+    return all(torch.equal(a[k], b[k]) if isinstance(a[k], torch.Tensor) else a[k] == b[k] for k in a)
+
+
+def _leftovers(folder: Path) -> list[Path]:
+    return [p for p in folder.rglob("*.tmp")]
+
+
+EXTRACT = ["features", "extract", "--backbone", "world:pretrained", "--split", "train", "--shard-size", "128"]
+
+
+@pytest.fixture(scope="module")
+def clean_train_cache(tiny_world, tmp_path_factory):
+    out = tmp_path_factory.mktemp("clean") / "feats"
+    r = _run([*EXTRACT, "--world", tiny_world, "--out", out])
+    assert r.returncode == 0, r.stderr
+    return _tensors(out)
+
+
+def test_a_full_disk_stops_extraction_cleanly_and_a_rerun_completes_it(tiny_world, clean_train_cache, tmp_path):
+    out = tmp_path / "feats"
+    r = _run([*EXTRACT, "--world", tiny_world, "--out", out], fsize=200_000)  # a shard of patches is ~4 MB
+    assert r.returncode == 2, r.stderr
+    assert "cannot write" in r.stderr and "shard-00000.safetensors" in r.stderr and "Traceback" not in r.stderr
+    assert "rerun the same command" in r.stderr
+    assert _leftovers(out) == []
+    r = _run([*EXTRACT, "--world", tiny_world, "--out", out])
+    assert r.returncode == 0, r.stderr
+    assert _same(_tensors(out), clean_train_cache)
+
+
+def test_a_full_disk_during_decomposition_keeps_the_store_and_resumes(tmp_path):
+    from foco.decompose.store import DecompositionStore
+    captions = tmp_path / "captions.csv"
+    texts = [f"a brown dog number {i} sits on a red sofa" for i in range(1500)]
+    captions.write_text("id,caption\n" + "".join(f"{i},{t}\n" for i, t in enumerate(texts)))
+    store = tmp_path / "store.sqlite"
+    args = ["decompose", "--in", captions, "--decomposer", "rule", "--out", store, "--batch-size", "100"]
+    r = _run(args, fsize=120_000)
+    assert r.returncode == 2, r.stderr
+    assert f"cannot write {store}" in r.stderr and "rolled back" in r.stderr and "Traceback" not in r.stderr
+    with DecompositionStore(store) as st:
+        kept = st.count()
+    assert 0 < kept < 1500
+    r = _run(args)
+    assert r.returncode == 0, r.stderr
+    clean = tmp_path / "clean.sqlite"
+    assert _run([*args[:-3], clean, "--batch-size", "100"]).returncode == 0
+    with DecompositionStore(store) as a, DecompositionStore(clean) as b:
+        sid = next(iter(a.settings()))
+        assert a.count() == b.count() == 1500
+        assert {k: v.to_dict() for k, v in a.get_many(sid, texts).items()} == \
+            {k: v.to_dict() for k, v in b.get_many(sid, texts).items()}
+
+
+@pytest.fixture
+def read_only_folder(tmp_path):
+    """A folder this process cannot write into. Root ignores permission bits, so as root it is a read-only tmpfs
+    mount (or, where mounting is not allowed, an immutable folder); otherwise a folder with mode 0555."""
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    undo = None
+    if os.geteuid() != 0:
+        ro.chmod(0o555)
+        undo = ["chmod", "755", str(ro)]
+    elif subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)],
+                        capture_output=True).returncode == 0:
+        undo = ["umount", str(ro)]
+    elif subprocess.run(["chattr", "+i", str(ro)], capture_output=True).returncode == 0:
+        undo = ["chattr", "-i", str(ro)]
+    else:
+        pytest.skip("as root, neither a read-only mount nor chattr +i is allowed here")
+    yield ro
+    subprocess.run(undo, check=True)
+
+
+@pytest.mark.parametrize("command", ["world", "decompose"])
+def test_a_read_only_output_folder_is_named_with_the_fix(read_only_folder, tmp_path, command):
+    ro = read_only_folder
+    captions = tmp_path / "captions.csv"
+    captions.write_text("id,caption\n1,a red square on a blue background\n")
+    args = {"world": ["world", "generate", "--out", ro / "w", "--size", "tiny"],
+            "decompose": ["decompose", "--in", captions, "--decomposer", "rule", "--out", ro / "s.sqlite"]}[command]
+    r = _run(args)
+    assert r.returncode == 2, r.stderr
+    assert str(ro) in r.stderr and ("not writable" in r.stderr or "read-only" in r.stderr), r.stderr
+    assert "Traceback" not in r.stderr and "choose a writable --out" in r.stderr
+    assert list(ro.iterdir()) == []
+
+
+def test_sigkill_during_extraction_resumes_to_identical_shards(tiny_world, clean_train_cache, tmp_path):
+    out = tmp_path / "feats"
+    p = _foco([*EXTRACT, "--world", tiny_world, "--out", out])
+    marker = out / "texts" / "shard-00001.json"
+    deadline = time.time() + 300
+    while not marker.exists() and p.poll() is None and time.time() < deadline:
+        time.sleep(0.005)
+    p.send_signal(signal.SIGKILL)
+    p.communicate()
+    assert p.returncode == -signal.SIGKILL, "the extraction finished before it could be killed"
+    assert not (out / "texts" / "shard-00004.json").exists()  # it was stopped mid-way
+    r = _run([*EXTRACT, "--world", tiny_world, "--out", out])
+    assert r.returncode == 0, r.stderr
+    assert _same(_tensors(out), clean_train_cache)
+    assert _leftovers(out) == []
