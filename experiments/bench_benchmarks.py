@@ -3,7 +3,7 @@
 CIRCO-sized gallery (123,403 random unit vectors) for 800 queries (CIRCO test), at the backbone's width and at
 768 (ViT-L/14). Medians of repeats; prints JSON with the machine.
 
-    python experiments/bench_benchmarks.py --backbone world:runs/quickstart/backbone --world runs/quickstart/world
+    python experiments/bench_benchmarks.py --backbone world:pretrained --world runs/quickstart/world
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Feature-extraction throughput of a backbone: images/s and texts/s, median of repeated timed batches.
 
-    python experiments/bench_features.py --backbone world:runs/quickstart/backbone --world runs/quickstart/world
+    python experiments/bench_features.py --backbone world:pretrained --world runs/quickstart/world
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ backbone features, represent the edits of the benchmark at all? The triplets com
 split uses (checked by layout key), with the benchmark's own edit sampler and phrasings; the loss is a sigmoid
 contrastive loss between h(reference, T_m) and every target global feature of the batch.
 
-    python experiments/supervised_ceiling.py --world runs/quickstart/world --backbone world:runs/quickstart/backbone \
+    python experiments/supervised_ceiling.py --world runs/quickstart/world --backbone world:pretrained \
         --features runs/quickstart/features --out runs/ceiling --n 10000 --epochs 8 --foco runs/quickstart/foco
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The public API, loaded lazily: `import foco` needs only torch and numpy, and each name imports its module on first
 use. The pipeline, in the order data flows:
 
-    backbone = foco.create_backbone("world:runs/quickstart/backbone")       # frozen CLIP-style towers
+    backbone = foco.create_backbone("world:pretrained")       # frozen CLIP-style towers
     parts = foco.read_benchmark("cirr", "/data/CIRR", "val")                 # any benchmark, one common form
     method = foco.build_method("foco", "runs/quickstart/foco")              # or "sum", "slerp", "pic2word", ...
     results = foco.evaluate(parts, foco.cached_features(backbone, cache), foco.EvalConfig(methods=("foco",)))

@@ -61,7 +61,7 @@ def _sources(a, name: str, root: str, split: str, options: dict, spec: str | Non
         return features, val_parts(lambda: read_benchmark(name, root, "val", **options), features)
     if backbone is None:
         raise ValueError(f"--benchmark {name} encodes its images and needs --backbone (e.g. "
-                         "world:runs/quickstart/backbone or hf:PATH), or a --checkpoint that records one")
+                         "world:pretrained or hf:PATH), or a --checkpoint that records one")
     from ..benchmarks.cache import backbone_slug
     cache = Path(a.cache) if a.cache else Path("runs") / "cache" / f"{name}-{split}" / backbone_slug(spec)
     val_cache = cache if split == "val" else (Path(f"{a.cache}-val") if a.cache else

@@ -109,7 +109,7 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
 def register(sub: argparse._SubParsersAction) -> None:
     feats = sub.add_parser("features", help="the feature cache").add_subparsers(dest="action", required=True)
     x = feats.add_parser("extract", help="encode a world split once into resumable shards")
-    x.add_argument("--backbone", required=True, help="backbone spec, e.g. world:runs/quickstart/backbone or hf:PATH")
+    x.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
     x.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     x.add_argument("--split", required=True,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
