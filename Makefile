@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[world,hf,decompose,lora,plot,dev]"
+	$(PIP) install -q -e ".[world,hf,decompose,lora,plot,serve,dev]"
 	touch $@
 
 install: $(VENV)/.installed

@@ -4,15 +4,16 @@ mean and sample standard deviation of every method's metrics.
     python experiments/quickstart_seeds.py --seeds 0,1,2 --out runs/seeds [--size default] [--precision auto]
 
 Seed s runs in OUT/seed-s. The world, the backbone, the decompositions, the features and the edit triplets do not
-depend on the training seed, so the later seeds start from a copy of the first seed's (a seed changes only FoCo's
-and foco-edits' initialisation, batch order and negatives). Resumable: a finished seed is not rerun. Writes
-OUT/seeds.json and OUT/seeds.md.
+depend on the training seed, so the later seeds link to the first seed's (symbolic links: feature caches key image
+files by their resolved path, so a copied world would not match its copied caches). A seed changes only FoCo's and
+foco-edits' initialisation, batch order and negatives. Resumable: a finished seed is not rerun. OUT/seed-FIRST may
+itself be a link to an existing quickstart folder (`make demo`'s runs/quickstart is seed 0). Writes OUT/seeds.json
+and OUT/seeds.md.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import statistics
 import time
 from pathlib import Path
@@ -23,13 +24,11 @@ SHARED = ("world", "features", "decompositions.sqlite", "edits.sqlite", "backbon
 HEADLINE = ("R@1", "R@5", "Rs@1", "mAP@10")
 
 
-def _copy_shared(src: Path, dst: Path) -> None:
+def _link_shared(src: Path, dst: Path) -> None:
     dst.mkdir(parents=True, exist_ok=True)
     for name in SHARED:
-        if (src / name).is_dir() and not (dst / name).exists():
-            shutil.copytree(src / name, dst / name)
-        elif (src / name).is_file() and not (dst / name).exists():
-            shutil.copy2(src / name, dst / name)
+        if (src / name).exists() and not (dst / name).exists():
+            (dst / name).symlink_to((src / name).resolve())
 
 
 def main() -> None:
@@ -45,7 +44,7 @@ def main() -> None:
     for i, seed in enumerate(seeds):
         folder = out / f"seed-{seed}"
         if i:
-            _copy_shared(out / f"seed-{seeds[0]}", folder)
+            _link_shared(out / f"seed-{seeds[0]}", folder)
         t0 = time.time()
         runs[seed] = run_quickstart(folder, a.size, seed=seed, precision=a.precision)
         wall[seed] = round(time.time() - t0, 1)

@@ -7,9 +7,9 @@ import logging
 import os
 import sys
 
-from . import backbone, composers, decompose, edits, evaluate, quickstart, train, world
+from . import backbone, composers, decompose, edits, evaluate, quickstart, search, train, world
 
-GROUPS = (world, backbone, train, composers, evaluate, decompose, edits, quickstart)
+GROUPS = (world, backbone, train, composers, evaluate, decompose, edits, quickstart, search)
 
 
 def build_parser() -> argparse.ArgumentParser:

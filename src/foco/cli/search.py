@@ -1,0 +1,132 @@
+"""`foco index build | update`, `foco search` and `foco serve`: composed search over your own images."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from .common import positive_int
+
+
+def _index_build(a: argparse.Namespace) -> int:
+    from ..search.build import IndexConfig, build_index
+    cfg = IndexConfig(images=a.images, backbone=a.backbone, index_type=a.index_type, with_patches=a.with_patches,
+                      precision=a.precision, batch_size=a.batch_size)
+    _report(build_index(cfg, a.out), a.out)
+    return 0
+
+
+def _index_update(a: argparse.Namespace) -> int:
+    from ..search.build import update_index
+    _report(update_index(a.index), a.index)
+    return 0
+
+
+def _report(stats, out) -> None:
+    print(f"{out}: {stats.indexed} images indexed; {stats.encoded} encoded now ({stats.images_per_s}/s), "
+          f"{stats.unchanged} unchanged, {stats.touched} touched (same content), {stats.removed} removed, "
+          f"{stats.skipped} skipped (listed in {Path(out) / 'skipped.tsv'}), {stats.seconds:.1f} s")
+
+
+def _parse_reference(value: str):
+    """An indexed id (digits), or the path of an image file."""
+    if value.isdigit():
+        return int(value)
+    from ..search.build import open_image
+    path = Path(value)
+    if not path.is_file():
+        raise FileNotFoundError(f"--reference {value}: neither an indexed id nor an image file")
+    try:
+        return open_image(path)
+    except ValueError as exc:
+        raise ValueError(f"--reference {value}: {exc}") from None
+
+
+def _search(a: argparse.Namespace) -> int:
+    from ..search.engine import Limits, Query, SearchEngine
+    engine = SearchEngine.open(a.index, checkpoint=a.checkpoint, pic2word=a.pic2word, foco_edits=a.foco_edits,
+                               limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta)
+    box = tuple(float(v) for v in a.box.split(",")) if a.box else None
+    if box is not None and len(box) != 4:
+        raise ValueError(f"--box takes x0,y0,x1,y1, got {a.box!r}")
+    answer = engine.search(Query(text=a.text, reference=_parse_reference(a.reference), method=a.method, k=a.k,
+                                 box=box, chord=a.chord, keep_reference=a.keep_reference))
+    if a.json:
+        for h in answer.hits:
+            print(json.dumps({"id": h.id, "path": h.path, "score": round(h.score, 6)}))
+        return 0
+    print("| rank | id | score | path |\n|---|---|---|---|")
+    for r, h in enumerate(answer.hits, 1):
+        print(f"| {r} | {h.id} | {h.score:.4f} | {h.path} |")
+    return 0
+
+
+def _serve(a: argparse.Namespace) -> int:
+    from ..search.engine import Limits, SearchEngine
+    from ..serve.app import ServeLimits, create_app
+    loopback = a.host in ("127.0.0.1", "localhost", "::1")
+    if not loopback and not a.allow_remote:
+        raise ValueError(f"--host {a.host} would serve this index beyond this machine; add --allow-remote to mean it")
+    if not loopback:
+        print(f"warning: serving {a.index} on {a.host}:{a.port}, reachable from other machines; there is no "
+              "authentication", file=sys.stderr)
+    limits = ServeLimits(max_upload_bytes=a.max_upload_mb * 1024 * 1024, max_text_chars=a.max_text, max_k=a.max_k)
+    engine = SearchEngine.open(a.index, checkpoint=a.checkpoint, pic2word=a.pic2word, foco_edits=a.foco_edits,
+                               limits=Limits(max_k=a.max_k, max_text_chars=a.max_text), box_beta=a.box_beta)
+    import uvicorn
+    print(f"foco serve: {engine.count()} images, methods {', '.join(engine.available_methods())}; "
+          f"open http://{a.host}:{a.port}/", flush=True)
+    uvicorn.run(create_app(engine, limits), host=a.host, port=a.port, log_level="warning")
+    return 0
+
+
+def _method_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder (enables --method foco)")
+    p.add_argument("--foco-edits", default=None, help="foco-edits checkpoint folder (enables --method foco-edits)")
+    p.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (enables --method pic2word)")
+    p.add_argument("--box-beta", type=float, default=-8.0,
+                   help="attention bias inside --box (negative: attend outside the box, as chosen on val)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    ix = sub.add_parser("index", help="index a folder of images for search").add_subparsers(dest="action",
+                                                                                           required=True)
+    b = ix.add_parser("build", help="index a folder (recursive; resumable and incremental)")
+    b.add_argument("--images", required=True, help="folder of images (jpg, jpeg, png, webp, bmp), walked recursively")
+    b.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
+    b.add_argument("--out", required=True, help="index folder (created; rerun to resume or to update)")
+    b.add_argument("--index-type", default="Flat",
+                   help="FAISS index-factory string: Flat (exact, default), IVF1024,Flat, HNSW32, IVF1024,PQ32, ...")
+    b.add_argument("--with-patches", action="store_true",
+                   help="store patch features for FoCo (else a reference's patches are computed at query time)")
+    b.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"], help="encoding precision")
+    b.add_argument("--batch-size", type=positive_int, default=64, help="images per encoder call")
+    b.set_defaults(func=_index_build)
+    u = ix.add_parser("update", help="add new files, drop deleted ones, re-encode changed ones")
+    u.add_argument("index", help="index folder (foco index build --out)")
+    u.set_defaults(func=_index_update)
+
+    s = sub.add_parser("search", help="a composed query against an index")
+    s.add_argument("--index", required=True, help="index folder (foco index build --out)")
+    s.add_argument("--reference", required=True, help="an indexed id, or the path of an image file")
+    s.add_argument("--text", required=True, help="the modification, e.g. 'make the dress red'")
+    s.add_argument("--method", default="foco", help="foco, foco-edits, pic2word, slerp, sum, image or text")
+    s.add_argument("-k", "--k", type=positive_int, default=10, help="how many results")
+    s.add_argument("--box", default=None, help="x0,y0,x1,y1 in pixels of the reference (FoCo's attention)")
+    s.add_argument("--chord", type=float, default=0.0, help="Chord lambda (0: plain cosine)")
+    s.add_argument("--keep-reference", action="store_true", help="allow an indexed reference among the results")
+    s.add_argument("--json", action="store_true", help="print JSON lines {id, path, score} instead of a table")
+    _method_args(s)
+    s.set_defaults(func=_search)
+
+    v = sub.add_parser("serve", help="HTTP API and web page over an index (loopback by default)")
+    v.add_argument("--index", required=True, help="index folder (foco index build --out)")
+    v.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    v.add_argument("--port", type=positive_int, default=8000, help="TCP port")
+    v.add_argument("--allow-remote", action="store_true", help="required to bind a non-loopback --host")
+    v.add_argument("--max-upload-mb", type=positive_int, default=10, help="largest accepted upload, in MiB")
+    v.add_argument("--max-text", type=positive_int, default=1000, help="longest accepted text, in characters")
+    v.add_argument("--max-k", type=positive_int, default=100, help="most results per query")
+    _method_args(v)
+    v.set_defaults(func=_serve)

@@ -1,0 +1,209 @@
+"""`foco index build | update`: index a folder of images for composed search.
+
+    INDEX/index.json      backbone spec, images folder (resolved), dimension, FAISS factory string, precision
+    INDEX/images.sqlite   one row per indexed file: id, relative path, size, mtime, sha256, pixel size, features
+    INDEX/vectors.faiss   the FAISS index of the global features under the rows' ids
+    INDEX/skipped.tsv     files that could not be indexed, and why (rewritten by every build and update)
+
+The folder is walked recursively for .jpg .jpeg .png .webp .bmp (any case). Each image is decoded with EXIF
+orientation applied, converted to RGB and encoded by the backbone. An unreadable or oversized file (Pillow's
+decompression-bomb limit) is skipped, counted and listed, never fatal. Files outside the folder (through links)
+are not indexed.
+
+Incremental: a file whose size and mtime match its row is kept as is; one whose size or mtime changed is hashed,
+and re-encoded only when its sha256 changed; files that disappeared are dropped; new files are encoded. Each batch
+is committed as it finishes, so a killed build resumes where it stopped.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from ..backbones import create_backbone
+from ..utils.io import atomic_write_text, read_json, sha256_file
+from ..utils.precision import autocast, resolve_precision
+from ..utils.progress import Bar
+from .store import ImageRow, ImageStore
+from .vectors import build_vector_index, save_vector_index
+
+log = logging.getLogger(__name__)
+EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
+MAX_IMAGE_PIXELS = 64_000_000  # larger images are skipped as possible decompression bombs
+FORMAT_VERSION = 1
+
+
+@dataclass
+class IndexConfig:
+    images: str  # the folder to index (stored resolved)
+    backbone: str  # backbone spec
+    index_type: str = "Flat"  # FAISS index-factory string
+    with_patches: bool = False  # store patch features too (otherwise computed at query time)
+    precision: str = "fp32"
+    batch_size: int = 64
+    train_sample: int = 100_000
+
+
+@dataclass
+class IndexStats:
+    indexed: int  # rows after the job
+    encoded: int  # files encoded now
+    unchanged: int
+    touched: int  # mtime changed, content did not
+    removed: int
+    skipped: int
+    seconds: float
+    images_per_s: float
+
+
+def open_image(path: Path) -> Image.Image:
+    """Decodes an image the way the index does: EXIF orientation applied, RGB; raises ValueError with the reason."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        old = Image.MAX_IMAGE_PIXELS
+        Image.MAX_IMAGE_PIXELS = MAX_IMAGE_PIXELS
+        try:
+            with Image.open(path) as im:
+                im = ImageOps.exif_transpose(im)
+                return im.convert("RGB")
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+            raise ValueError(f"too many pixels ({exc})") from None
+        except (OSError, SyntaxError, ValueError) as exc:  # truncated, not an image, unknown format
+            raise ValueError(f"unreadable image ({type(exc).__name__}: {exc})") from None
+        finally:
+            Image.MAX_IMAGE_PIXELS = old
+
+
+def walk_images(root: Path) -> list[Path]:
+    """Image files under `root`, recursively, sorted; links leading outside `root` are left out."""
+    real_root = root.resolve()
+    found = []
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+        dirnames.sort()
+        for name in sorted(filenames):
+            p = Path(dirpath) / name
+            if p.suffix.lower() in EXTENSIONS and p.resolve().is_relative_to(real_root) and p.is_file():
+                found.append(p)
+    return found
+
+
+def _check_config(out: Path, cfg: IndexConfig) -> dict:
+    meta_path = out / "index.json"
+    want = {"format_version": FORMAT_VERSION, "images": str(Path(cfg.images).resolve()),
+            "backbone": cfg.backbone, "index_type": cfg.index_type, "with_patches": cfg.with_patches,
+            "precision": resolve_precision(cfg.precision)}
+    if meta_path.is_file():
+        have = read_json(meta_path)
+        diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items() if k != "index_type" and have.get(k) != v]
+        if diff:
+            raise ValueError(f"{out} indexes with " + ", ".join(diff) + "; use `foco index update` with the same "
+                             "settings, or choose another --out")
+    return want
+
+
+def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: dict[str, np.ndarray] | None = None
+                ) -> IndexStats:
+    """Builds or brings up to date the index in `out` (see the module docstring). `precomputed` maps a resolved
+    file path to its (D,) global feature from an earlier extraction with the same backbone, to skip encoding it."""
+    out = Path(out)
+    root = Path(cfg.images)
+    if not root.is_dir():
+        raise FileNotFoundError(f"--images {root} is not a folder")
+    meta = _check_config(out, cfg)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(out / "index.json", json.dumps({**meta, "building": True}, indent=2) + "\n")
+    t0 = time.time()
+    files = walk_images(root)
+    skipped: list[tuple[str, str]] = []
+    encoded = unchanged = touched = 0
+    with ImageStore(out / "images.sqlite") as store:
+        have = store.rows()
+        on_disk = {p.relative_to(root).as_posix(): p for p in files}
+        gone = sorted(set(have) - set(on_disk))
+        if gone:
+            store.remove(gone)
+        todo: list[tuple[str, Path, os.stat_result, str | None]] = []
+        for rel, p in on_disk.items():
+            st = p.stat()
+            row = have.get(rel)
+            if row is not None and row.size == st.st_size and row.mtime_ns == st.st_mtime_ns:
+                unchanged += 1
+                continue
+            digest = None
+            if row is not None:
+                digest = sha256_file(p)
+                if digest == row.sha256:
+                    store.touch(rel, st.st_size, st.st_mtime_ns)
+                    touched += 1
+                    continue
+            todo.append((rel, p, st, digest))
+        if todo:
+            backbone = backbone or create_backbone(cfg.backbone)
+            dim = backbone.embed_dim
+            bar = Bar(len(todo), "indexing images")
+            for s in range(0, len(todo), cfg.batch_size):
+                batch, images, rows = todo[s:s + cfg.batch_size], [], []
+                for rel, p, st, digest in batch:
+                    try:
+                        im = open_image(p)
+                    except ValueError as exc:
+                        skipped.append((rel, str(exc)))
+                        continue
+                    images.append(im)
+                    rows.append(ImageRow(0, rel, st.st_size, st.st_mtime_ns, digest or sha256_file(p), *im.size))
+                vecs, patches = _encode(backbone, images, rows, root, cfg, precomputed)
+                store.add([(r, vecs[i], None if patches is None else patches[i]) for i, r in enumerate(rows)])
+                encoded += len(rows)
+                bar.update(len(batch))
+            bar.close()
+        ids, vectors = store.vectors(_dim(store, backbone))
+        indexed = len(ids)
+    index = build_vector_index(ids, vectors, cfg.index_type, cfg.train_sample)
+    save_vector_index(index, out / "vectors.faiss")
+    atomic_write_text(out / "skipped.tsv", "path\treason\n" + "".join(f"{r}\t{why}\n" for r, why in skipped))
+    seconds = time.time() - t0
+    stats = IndexStats(indexed, encoded, unchanged, touched, len(gone), len(skipped), round(seconds, 2),
+                       round(encoded / seconds, 1) if encoded and seconds else 0.0)
+    atomic_write_text(out / "index.json", json.dumps({**meta, "dim": int(vectors.shape[1]), "count": indexed,
+                                                      "last_run": asdict(stats)}, indent=2) + "\n")
+    return stats
+
+
+def _dim(store: ImageStore, backbone) -> int:
+    if backbone is not None:
+        return backbone.embed_dim
+    r = store.db.execute("SELECT length(vector) FROM images LIMIT 1").fetchone()
+    return (r[0] // 4) if r else 1
+
+
+def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Path, cfg: IndexConfig,
+            precomputed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(B, D) global features (and (B, P, D) patches with --with-patches) of the batch."""
+    if not images:
+        return np.zeros((0, backbone.embed_dim), np.float32), None
+    if precomputed is not None and not cfg.with_patches:
+        keys = [str((root / r.path).resolve()) for r in rows]
+        if all(k in precomputed for k in keys):
+            return np.stack([precomputed[k] for k in keys]).astype(np.float32), None
+    with autocast(cfg.precision):
+        f = backbone.encode_images(images)
+    vecs = f.global_.float().numpy()
+    return vecs, (f.patches.float().numpy() if cfg.with_patches else None)
+
+
+def update_index(out: str | Path, backbone=None) -> IndexStats:
+    """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json."""
+    out = Path(out)
+    if not (out / "index.json").is_file():
+        raise FileNotFoundError(f"{out} is not an index (no index.json); make one with `foco index build`")
+    meta = read_json(out / "index.json")
+    cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
+                      with_patches=meta["with_patches"], precision=meta["precision"])
+    return build_index(cfg, out, backbone)
