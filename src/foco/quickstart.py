@@ -159,9 +159,35 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, "seed": seed,
                "precision": precision, "backbone": backbone.spec, **results}
     timings["eval_s"] = time.time() - t
+    t = _stage("search index of the test gallery (foco serve)")
+    results["index"] = build_gallery_index(world, feats / f"{plan.benchmark_split}-single", out / "index",
+                                           backbone, precision)
+    timings["index_s"] = time.time() - t
     results["timings_s"] = {k: round(v, 1) for k, v in timings.items()}
     atomic_write_text(out / f"results{suffix}.json", json.dumps(results, indent=2) + "\n")
     return results
+
+
+def build_gallery_index(world: Path, features: Path, out: Path, backbone, precision: str) -> str | None:
+    """`foco index build` of the world's single-protocol test gallery, reusing the features already extracted for
+    it, so that `foco serve --index OUT` works right after the demo. Skipped (None) without FAISS."""
+    try:
+        import faiss  # noqa: F401
+    except ImportError:
+        log.info("FAISS is not installed: skipping the search index (pip install 'foco[serve]')")
+        return None
+    import numpy as np
+    from .features import FeatureCache
+    from .search.build import IndexConfig, build_index
+    from .world.manifest import load_benchmark
+    bench = load_benchmark(world, "test", "single")
+    ids, feats = FeatureCache(features).images()
+    by_id = dict(zip(ids, feats.global_.numpy().astype(np.float32)))
+    precomputed = {str(Path(p).resolve()): by_id[g] for g, p in zip(bench.gallery_ids, bench.gallery_images)}
+    folder = Path(bench.gallery_images[0]).parent
+    build_index(IndexConfig(images=str(folder), backbone=backbone.spec, precision=precision), out, backbone,
+                precomputed=precomputed)
+    return str(out)
 
 
 def _check_backbone(record: Path, spec: str) -> None:

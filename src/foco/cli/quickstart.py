@@ -21,6 +21,9 @@ def _quickstart(a: argparse.Namespace) -> int:
     print(f"\nresults in {a.out}/results{suffix}.json; figures in {a.out}/figures{suffix}/ (one query per edit "
           f"type, every method; r1_by_edit_type.png); loss curves in {a.out}/foco{suffix}/loss_curve.png and "
           f"{a.out}/foco-edits{suffix}/loss_curve.png ({time.time() - t0:.0f}s)")
+    if res.get("index"):
+        print(f"search it: foco serve --index {res['index']} --checkpoint {a.out}/foco{suffix} "
+              f"--foco-edits {a.out}/foco-edits{suffix}   (then open http://127.0.0.1:8000/)")
     return 0
 
 
