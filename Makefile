@@ -1,6 +1,7 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   creates .venv, installs foco, runs the main job on the embedded world
-#   make test   creates .venv, installs foco with test deps, runs the test suite
+#   make demo   creates .venv, installs foco (world, plot, serve extras), runs the main job on the embedded world
+#   make test   creates .venv, installs foco with every extra and the test deps (and Debian's chromium when root),
+#               runs the test suite
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -12,21 +13,35 @@ TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean chromium
 
-$(VENV)/.installed: pyproject.toml
+# What the demo needs (the world, figures, the search index); the tests add the rest.
+$(VENV)/.installed-demo: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
+	$(PIP) install -q -e ".[world,plot,serve]"
+	touch $@
+
+$(VENV)/.installed: pyproject.toml $(VENV)/.installed-demo
 	$(PIP) install -q -e ".[world,hf,decompose,lora,plot,serve,dev]"
 	touch $@
 
 install: $(VENV)/.installed
 
-demo: install
+demo: $(VENV)/.installed-demo
 	$(VENV)/bin/foco quickstart --out $(RUNS)/quickstart --size $(SIZE)
 
-test: install
+# The browser test drives Debian's chromium (Playwright's own download cannot work offline): installed here when it
+# is missing and we are root; otherwise that one test skips and says how to enable it.
+chromium:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    echo "installing Debian's chromium for the browser test"; \
+	    apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; \
+	  else echo "chromium is missing and this is not root: the browser test will be skipped (apt-get install chromium)"; fi
+
+test: install chromium
 	$(PY) -m pytest
 
 clean:
