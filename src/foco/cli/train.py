@@ -107,6 +107,11 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    _register_features(sub)
+    _register_train(sub)
+
+
+def _register_features(sub: argparse._SubParsersAction) -> None:
     feats = sub.add_parser("features", help="the feature cache").add_subparsers(dest="action", required=True)
     x = feats.add_parser("extract", help="encode a world split once into resumable shards")
     x.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
@@ -126,6 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--cache", required=True, help="a feature cache folder (foco features extract --out)")
     v.set_defaults(func=_features_verify)
 
+
+def _register_train(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
     tr.add_argument("--features", required=True, help="feature cache of the training split")
     tr.add_argument("--world", required=True, help="world folder (its pairs; oracle decompositions by default)")
