@@ -1,5 +1,5 @@
 # Two commands set everything up on a fresh machine:
-#   make demo   creates .venv, installs foco (world, plot, serve extras), runs the main job on the embedded world
+#   make demo   creates .venv, installs foco (world, decompose, plot, serve extras), runs the main job on the embedded world
 #   make test   creates .venv, installs foco with every extra and the test deps (and Debian's chromium when root),
 #               runs the test suite
 PYTHON ?= python3
@@ -15,12 +15,12 @@ export TRANSFORMERS_OFFLINE := 1
 
 .PHONY: demo test install clean chromium
 
-# What the demo needs (the world, figures, the search index); the tests add the rest.
+# What the demo needs (the world, the rule edit writer, figures, the search index); the tests add the rest.
 $(VENV)/.installed-demo: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q "$(TORCH)"
-	$(PIP) install -q -e ".[world,plot,serve]"
+	$(PIP) install -q -e ".[world,decompose,plot,serve]"
 	touch $@
 
 $(VENV)/.installed: pyproject.toml $(VENV)/.installed-demo
