@@ -48,14 +48,14 @@ def main() -> None:
         t0 = time.perf_counter()
         index = build_vector_index(ids, x, factory)
         build = time.perf_counter() - t0
-        set_search_params(index, nprobe=a.nprobe, ef_search=a.ef_search)
+        params = set_search_params(index, nprobe=a.nprobe, ef_search=a.ef_search)
         t0 = time.perf_counter()
         _, got = search_vectors(index, q, 10)
         per_query = 1000 * (time.perf_counter() - t0) / a.queries
         recall = float(np.mean([len(set(g) & set(t)) / 10 for g, t in zip(got, truth)]))
         rows.append({"index": factory, "build_s": round(build, 2), "search_ms_per_query": round(per_query, 3),
-                     "recall@10": round(recall, 4), "nprobe": a.nprobe, "efSearch": a.ef_search})
-        print(f"| {factory} | {build:.2f} | {per_query:.3f} | {recall:.3f} |", flush=True)
+                     "recall@10": round(recall, 4), **params})
+        print(f"| {factory} {params or ''} | {build:.2f} | {per_query:.3f} | {recall:.3f} |", flush=True)
     if a.out:
         with open(a.out, "w") as f:
             json.dump(rows, f, indent=2)

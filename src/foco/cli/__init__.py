@@ -28,10 +28,11 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     from ..decompose.client import ConfigError
     from ..utils.io import ImageLoadError, ManifestError, WriteError
+    from ..train.distributed import RankLost
     try:
         return args.func(args)
     except (ManifestError, ImageLoadError, ConfigError, FileNotFoundError, FileExistsError, ValueError,
-            ImportError, WriteError, PermissionError) as exc:
+            ImportError, WriteError, PermissionError, RankLost) as exc:
         print(f"foco: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

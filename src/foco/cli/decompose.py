@@ -10,7 +10,10 @@ def _decompose(a: argparse.Namespace) -> int:
     from ..decompose import build_decomposer
     from ..decompose.inputs import read_captions
     from ..decompose.llm import LLMConfig
-    from ..decompose.run import run_decompose
+    from ..decompose.run import parse_shard, run_decompose
+    if a.inp is None or a.out is None:
+        raise ValueError("foco decompose needs --in and --out (or: foco decompose merge --out STORE SHARD...)")
+    shard = parse_shard(a.shard) if a.shard else None
     records = read_captions(a.inp, split=a.split, caption_column=a.caption_column)
     if a.limit is not None:
         records = records[:a.limit]
@@ -24,22 +27,33 @@ def _decompose(a: argparse.Namespace) -> int:
     decomposer = build_decomposer(a.decomposer, records, llm, max_pairs=a.max_pairs)
     try:
         stats = run_decompose([r.caption for r in records], decomposer, a.out, batch_size=a.batch_size,
-                              retry_flagged=a.retry_flagged)
+                              retry_flagged=a.retry_flagged, shard=shard)
     finally:
         if hasattr(decomposer, "close"):
             decomposer.close()
     print(stats.summary())
     print(f"store: {a.out} (decomposer settings id {stats.settings_id}); "
-          f"train with --decompositions {a.out} --decomposer {a.decomposer}")
+          + (f"shard {a.shard}: merge the shards with `foco decompose merge --out STORE SHARD...`" if shard else
+             f"train with --decompositions {a.out} --decomposer {a.decomposer}"))
+    return 0
+
+
+def _merge(a: argparse.Namespace) -> int:
+    from ..decompose.store import merge_stores
+    m = merge_stores(a.stores, a.merge_out)
+    print(f"{a.merge_out}: {m.added} rows added, {m.identical} already there from {m.stores} stores; "
+          f"{m.settings} decomposer settings, {m.flagged} flagged rows")
     return 0
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..decompose import DECOMPOSERS
     dc = sub.add_parser("decompose", help="decompose captions into (local, context) pairs into a SQLite store")
-    dc.add_argument("--in", dest="inp", required=True,
+    dc.add_argument("--in", dest="inp", default=None,
                     help="CSV / TSV / JSONL of captions (CC3M-style url<TAB>caption works), or a world folder")
-    dc.add_argument("--out", required=True, help="SQLite store (created or resumed)")
+    dc.add_argument("--out", default=None, help="SQLite store (created or resumed)")
+    dc.add_argument("--shard", default=None,
+                    help="i/n: only the captions of shard i of n (split by caption hash), e.g. one per LLM server")
     dc.add_argument("--decomposer", default=None, choices=DECOMPOSERS.names(),
                     help="default: oracle for a world folder (its ground truth), rule (spaCy) for any other input")
     dc.add_argument("--split", default="train", help="with a world folder: which pairs split")
@@ -53,3 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--max-pairs", type=positive_int, default=5, help="most pairs (LLM answers; rule keeps the first)")
     add_llm_args(dc)
     dc.set_defaults(func=_decompose)
+    sub_dc = dc.add_subparsers(dest="decompose_action", required=False)
+    mg = sub_dc.add_parser("merge", help="merge decomposition stores (e.g. the shards of --shard i/n)")
+    mg.add_argument("--out", dest="merge_out", required=True, help="the merged store (created or extended)")
+    mg.add_argument("stores", nargs="+", help="stores to merge into --out")
+    mg.set_defaults(func=_merge)

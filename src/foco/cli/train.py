@@ -55,6 +55,8 @@ def _train(a: argparse.Namespace) -> int:
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
                           precision=a.precision)
     check_resume(a)
+    from ..train.distributed import env_from_torchrun, init_distributed
+    env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
     table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer,
                                                               a.max_fallback))
     spec = FeatureCache(a.features).manifest["backbone"]
@@ -64,6 +66,8 @@ def _train(a: argparse.Namespace) -> int:
         edits, match = edits.with_targets(parse_threshold(a.target_threshold))
         print(match.summary())
     train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits)
+    if not env.is_main:
+        return 0
     print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
           f"curve {a.out}/loss_curve.png")
     return 0
@@ -148,6 +152,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
     tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    tr.add_argument("--dist-timeout", type=positive_int, default=120,
+                    help="under torchrun: seconds a rank waits for the others before the job stops")
     add_precision_arg(tr)
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     ed = tr.add_argument_group("foco-edits: a third stage on edit triplets (NOT in the FoCo paper)")

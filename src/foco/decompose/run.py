@@ -40,9 +40,30 @@ class DecomposeStats:
         return "\n".join(lines)
 
 
+def shard_of(caption: str, n: int) -> int:
+    """The shard (0..n-1) of a caption: a function of its text alone, so that every server computes the same
+    split whatever the input order."""
+    return int(caption_hash(caption)[:15], 16) % n
+
+
+def parse_shard(value: str) -> tuple[int, int]:
+    """"i/n" -> (i, n) with 0 <= i < n."""
+    try:
+        i, n = (int(v) for v in value.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard takes i/n (e.g. 0/4), got {value!r}") from None
+    if n < 1 or not 0 <= i < n:
+        raise ValueError(f"--shard {value}: need 0 <= i < n")
+    return i, n
+
+
 def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str | Path, batch_size: int = 64,
-                  show_progress: bool = True, retry_flagged: bool = False) -> DecomposeStats:
+                  show_progress: bool = True, retry_flagged: bool = False,
+                  shard: tuple[int, int] | None = None) -> DecomposeStats:
+    """Decomposes every distinct caption (only those of `shard` = (i, n), when given) into the store."""
     distinct = list(dict.fromkeys(captions))
+    if shard is not None:
+        distinct = [c for c in distinct if shard_of(c, shard[1]) == shard[0]]
     stats = DecomposeStats(captions=len(captions), distinct=len(distinct))
     with DecompositionStore(store_path) as store:
         sid = store.register(decomposer.settings)

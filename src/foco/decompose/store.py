@@ -10,6 +10,7 @@ import contextlib
 import json
 import os
 import sqlite3
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -183,3 +184,55 @@ def register_settings(db: sqlite3.Connection, settings: dict[str, Any]) -> str:
 def read_settings(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
     """settings id -> settings of every job recorded in a store."""
     return {sid: json.loads(js) for sid, js in db.execute("SELECT settings_id, json FROM settings")}
+
+
+@dataclass
+class MergeStats:
+    stores: int
+    settings: int
+    added: int  # rows new to the output
+    identical: int  # rows the output already held, the same
+    flagged: int  # flagged rows in the output after the merge
+
+
+def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
+    """Merges decomposition stores (e.g. the shards of `foco decompose --shard i/n`) into `out`, in one
+    transaction per input. Settings are copied by id (an id is the hash of its settings, so the same id is the
+    same settings). A caption stored under the same settings with another decomposition or another flag in two
+    inputs is a conflict: nothing of that input is merged and the error names the caption. Rows already in `out`
+    unchanged are left as they are, so merging twice changes nothing."""
+    out = Path(out)
+    added = identical = 0
+    with DecompositionStore(out) as dst:
+        for path in inputs:
+            path = Path(path)
+            if path.resolve() == out.resolve():
+                raise ValueError(f"{path} is the output store; give the inputs and the --out separately")
+            if not path.is_file():
+                raise FileNotFoundError(f"no store at {path}")
+            with DecompositionStore(path) as src:
+                settings = read_settings(src.db)
+                rows = src.db.execute("SELECT caption_hash, settings_id, caption, record, flag FROM decompositions"
+                                      ).fetchall()
+            have = {(h, s): (r, f) for h, s, r, f in dst.db.execute(
+                "SELECT caption_hash, settings_id, record, flag FROM decompositions")}
+            new = []
+            for h, s, caption, record, flag in rows:
+                old = have.get((h, s))
+                if old is None:
+                    new.append((h, s, caption, record, flag))
+                elif old != (record, flag):
+                    raise StoreError(f"{path} conflicts with {out} on caption {caption!r} (settings {s}): another "
+                                     "decomposition or flag; merge stores of one run, or retry the flagged rows first "
+                                     "(foco decompose --retry-flagged)")
+                else:
+                    identical += 1
+            with writing(dst.db, out):
+                for sid, js in settings.items():
+                    dst.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
+                                   (sid, str(js.get("name", "?")), json.dumps(js, sort_keys=True)))
+                dst.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?)", new)
+            added += len(new)
+        n_settings = len(read_settings(dst.db))
+        flagged = dst.db.execute("SELECT COUNT(*) FROM decompositions WHERE flag != ''").fetchone()[0]
+    return MergeStats(len(inputs), n_settings, added, identical, flagged)

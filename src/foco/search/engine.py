@@ -27,10 +27,11 @@ from ..utils.io import read_json
 from ..utils.precision import autocast
 from .build import open_image
 from .store import ImageRow
-from .vectors import load_vector_index, search_vectors
+from .vectors import load_vector_index, search_vectors, set_search_params
 
 DEFAULT_BOX_BETA = -8.0  # chosen on the ambiguous world benchmark's val split (docs/benchmarks.md)
 CHORD_SHORTLIST = 200
+SEARCH_NPROBE, SEARCH_EF = 32, 128  # IVF lists probed, HNSW's efSearch (experiments/bench_faiss.py: recall vs time)
 
 
 class QueryError(ValueError):
@@ -101,7 +102,9 @@ class SearchEngine:
         opts = MethodOptions(checkpoint=Path(checkpoint) if checkpoint else None,
                              pic2word=Path(pic2word) if pic2word else None,
                              foco_edits=Path(foco_edits) if foco_edits else None, backbone=backbone)
-        return cls(folder, meta, load_vector_index(folder / "vectors.faiss"), backbone, opts, limits, box_beta)
+        index = load_vector_index(folder / "vectors.faiss")
+        set_search_params(index, nprobe=SEARCH_NPROBE, ef_search=SEARCH_EF)  # approximate indexes only
+        return cls(folder, meta, index, backbone, opts, limits, box_beta)
 
     # --- what the index holds ------------------------------------------------------------------------------
     def count(self) -> int:

@@ -50,20 +50,21 @@ def build_vector_index(ids: np.ndarray, vectors: np.ndarray, factory: str = "Fla
     return index
 
 
-def set_search_params(index, nprobe: int | None = None, ef_search: int | None = None) -> None:
-    """IVF's nprobe and HNSW's efSearch, where the index has them."""
+def set_search_params(index, nprobe: int | None = None, ef_search: int | None = None) -> dict:
+    """IVF's nprobe and HNSW's efSearch on the index inside the id map, where it has them; returns what was set."""
     faiss = _faiss()
-    params = faiss.ParameterSpace()
+    inner = faiss.downcast_index(index.index) if hasattr(index, "id_map") else index
+    done = {}
     if nprobe is not None:
         try:
-            params.set_index_parameter(index, "nprobe", nprobe)
+            faiss.extract_index_ivf(inner).nprobe = nprobe
+            done["nprobe"] = nprobe
         except RuntimeError:
             pass
-    if ef_search is not None:
-        try:
-            params.set_index_parameter(index, "efSearch", ef_search)
-        except RuntimeError:
-            pass
+    if ef_search is not None and hasattr(inner, "hnsw"):
+        inner.hnsw.efSearch = ef_search
+        done["efSearch"] = ef_search
+    return done
 
 
 def save_vector_index(index, path: str | Path) -> None:

@@ -16,7 +16,8 @@ import torch
 
 from .data import PairTable
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
-from .losses import foco_losses, plan_negatives
+from .distributed import DistEnv, RankLost, current, gather_rows, rank_lost, rank_slice
+from .losses import Columns, foco_losses, local_columns, plan_negatives
 from ..model import ComposedQueryEncoder, FoCoConfig
 from ..utils.io import atomic_write_text
 
@@ -64,11 +65,41 @@ def _optimizer(model: ComposedQueryEncoder, cfg: FoCoTrainConfig, stage: int) ->
     return torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
 
+class FoCoObjective(torch.nn.Module):
+    """FoCo's losses as a module's forward, so that DDP can wrap it (the model's own forward is inference)."""
+
+    def __init__(self, model: ComposedQueryEncoder):
+        super().__init__()
+        self.model = model
+
+    def forward(self, batch, plan, with_comp: bool, columns=None, row_offset: int = 0) -> Losses:
+        return foco_losses(self.model, batch, plan, with_comp, columns, row_offset)
+
+
+def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Tensor, max_negatives: int | None,
+                     gen: torch.Generator, with_comp: bool, env: DistEnv) -> Losses:
+    """This rank's rows of the global batch `idx` (B,) against columns gathered from every rank, under the global
+    negative plan, which every rank draws identically (see `foco.train.distributed`)."""
+    local = rank_slice(idx, env)  # (b,)
+    batch = table.batch(local)
+    mask = gather_rows(batch.local_mask.to(torch.uint8), env).bool()  # (B, K)
+    plan = plan_negatives(mask, max_negatives, gen)
+    b, off = local.shape[0], env.rank * local.shape[0]
+    own = local_columns(batch, plan.neg_k[off:off + b], with_comp)
+    columns = Columns(gather_rows(own.anchor, env),
+                      gather_rows(own.ctx_tokens, env) if with_comp else None,
+                      gather_rows(own.ctx_mask.to(torch.uint8), env).bool() if with_comp else None,
+                      gather_rows(own.image_global, env))
+    return objective(batch, plan, with_comp, columns, off)
+
+
 def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, gen: torch.Generator,
-           stage: int) -> Phase:
+           stage: int, env: DistEnv = DistEnv(), objective: torch.nn.Module | None = None) -> Phase:
     with_comp = stage == 2
 
-    def step(idx: torch.Tensor) -> Losses:  # idx (B,)
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch
+        if env.enabled:
+            return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env)
         batch = table.batch(idx)
         return foco_losses(model, batch, plan_negatives(batch.local_mask, cfg.max_negatives, gen), with_comp)
 
@@ -117,15 +148,29 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # the negatives
     model = ComposedQueryEncoder(cfg.model)
-    loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo",
+    env = current()  # data-parallel when launched by torchrun (`foco.train.distributed`)
+    objective = None
+    if env.enabled:
+        if cfg.stage3_epochs > 0:
+            raise ValueError("the edit stage (--edits) runs on one process for now; train stages 1-2 with torchrun, "
+                             "then resume with --edits on one process")
+        objective = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
+    loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo", env=env,
                       plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
                       plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                  (", then the edit stage)" if cfg.stage3_epochs else ")"),
                       identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision)
-    phases = [_stage(model, table, cfg, gen, 1), _stage(model, table, cfg, gen, 2)]
+    phases = [_stage(model, table, cfg, gen, 1, env, objective), _stage(model, table, cfg, gen, 2, env, objective)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg))
-    run(model, phases, out, loop, rng, resume, gen, on_step)
+    try:
+        run(model, phases, out, loop, rng, resume, gen, on_step)
+    except RuntimeError as exc:
+        if env.enabled and not isinstance(exc, RankLost):
+            raise rank_lost(exc, env) from exc
+        raise
+    if not env.is_main:
+        return model
     model.save(out)
     recipe = {"recipe": "foco-edits: the paper's two stages, then a third on edit triplets (not in the FoCo paper)"} \
         if cfg.stage3_epochs else {}

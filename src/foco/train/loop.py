@@ -23,6 +23,7 @@ from ..utils.io import read_json
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
+from .distributed import DistEnv, barrier, mean_across
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class LoopConfig:
     plot_title: str = ""
     identity: dict = field(default_factory=dict)  # what a resumed run must share (e.g. the features' backbone)
     precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast (foco.utils.precision)
+    env: DistEnv = field(default_factory=DistEnv)  # data-parallel ranks: rank 0 writes, logs average over ranks
 
 
 def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
@@ -183,7 +185,7 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
     params = list(phase.clip_params() if phase.clip_params else (p for g in opt.param_groups for p in g["params"]))
     sums: dict[str, float] = {}
     log_: list[tuple[int, dict[str, float]]] = []
-    with Bar(len(batches), desc) as bar:
+    with (Bar(len(batches), desc) if cfg.env.is_main else _Quiet()) as bar:
         for idx, step in zip(batches, schedule):
             factor = lr_factor(step, schedule.stop, cfg.warmup_frac)
             for g in opt.param_groups:
@@ -194,7 +196,7 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
             losses[phase.objective].backward()
             torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
             opt.step()
-            values = {k: v.item() for k, v in losses.items()}
+            values = mean_across({k: v.item() for k, v in losses.items()}, cfg.env)
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + v
             log_.append((offset + step, values))
@@ -208,7 +210,11 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
                generator: torch.Generator | None, cfg: LoopConfig, rec: dict, progress: dict,
                steps: list[dict]) -> None:
     """Appends the epoch's record (train_log.jsonl) and its steps' losses (train_steps.jsonl), saves the state and
-    redraws the curve. A run killed mid-epoch repeats that epoch on resume, and its steps were never written."""
+    redraws the curve. A run killed mid-epoch repeats that epoch on resume, and its steps were never written.
+    Data-parallel: rank 0 writes (atomically), the others wait for it."""
+    if not cfg.env.is_main:
+        barrier(cfg.env)
+        return
     log.info("%s %s", cfg.name, rec)
     with (out / "train_log.jsonl").open("a") as f:
         f.write(json.dumps(rec) + "\n")
@@ -220,3 +226,17 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
         recs = [json.loads(line) for line in (out / "train_steps.jsonl").read_text().splitlines() if line.strip()]
         phase_key = next(iter(progress), "stage") if progress and next(iter(progress)) != "epoch" else "stage"
         plot_losses(out / "loss_curve.png", recs, cfg.plot_keys, title=cfg.plot_title, phase_key=phase_key)
+    barrier(cfg.env)
+
+
+class _Quiet:
+    """No progress bar (ranks other than 0)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def __enter__(self) -> "_Quiet":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass

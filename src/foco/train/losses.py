@@ -54,37 +54,61 @@ def _scale(log_scale: torch.Tensor) -> torch.Tensor:
     return log_scale.exp().clamp(max=100.0)
 
 
-def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePlan, with_comp: bool
-                ) -> dict[str, torch.Tensor]:
-    """L_aggr (always) and L_comp (stage 2). Returns {"loss", "aggr", "comp"} as scalars."""
-    B, K, D = batch.local.shape
-    rows = torch.arange(B)
+@dataclass
+class Columns:
+    """What each image j of the (global) batch brings to the grid as a negative column."""
+
+    anchor: torch.Tensor  # (B, D) c_jk', its sampled local caption
+    ctx_tokens: torch.Tensor | None  # (B, L, D) X_jk', the matching contextual caption (stage 2)
+    ctx_mask: torch.Tensor | None  # (B, L) bool
+    image_global: torch.Tensor  # (B, D) v_g_j
+
+
+def local_columns(batch: TrainBatch, neg_k: torch.Tensor, with_comp: bool) -> Columns:
+    """The columns this batch's images contribute, with each image's sampled k' `neg_k` (b,)."""
+    rows = torch.arange(batch.local.shape[0])
+    return Columns(batch.local[rows, neg_k],
+                   batch.ctx_tokens[rows, neg_k] if with_comp else None,
+                   batch.ctx_mask[rows, neg_k] if with_comp else None,
+                   batch.image_global)
+
+
+def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePlan, with_comp: bool,
+                columns: Columns | None = None, row_offset: int = 0) -> dict[str, torch.Tensor]:
+    """L_aggr (always) and L_comp (stage 2), averaged over the batch's rows. Returns {"loss", "aggr", "comp"}.
+
+    One process: `batch` is the whole batch and the columns come from it. Data-parallel
+    (`foco.train.distributed`): `batch` holds this rank's b rows, which are rows `row_offset`.. of the global
+    batch; `columns` and `plan` cover the global batch, so each rank computes its rows of the global grid."""
+    b, K, D = batch.local.shape
+    rows = torch.arange(b)
+    if columns is None:
+        columns = local_columns(batch, plan.neg_k, with_comp)
     J = plan.columns
     kv = model.aggr.keys_values(batch.patches)
     # positives: every local caption of its own image
-    v_pos, bg_pos, _ = model.aggr(batch.local, batch.image_global, batch.patches, kv)  # (B, K, D) x2
+    v_pos, bg_pos, _ = model.aggr(batch.local, batch.image_global, batch.patches, kv)  # (b, K, D) x2
     # negatives: image i anchored by the sampled caption of image j
-    c_neg = batch.local[rows, plan.neg_k]  # (B, D), c_jk'
-    anchors = c_neg[J]  # (M, D)
-    v_neg, bg_neg, _ = model.aggr(anchors[None].expand(B, -1, -1), batch.image_global, batch.patches, kv)  # (B, M, D)
-    valid = J[None, :] != rows[:, None]  # (B, M), j ≠ i
+    anchors = columns.anchor[J]  # (M, D)
+    v_neg, bg_neg, _ = model.aggr(anchors[None].expand(b, -1, -1), batch.image_global, batch.patches, kv)  # (b, M, D)
+    valid = J[None, :] != (rows + row_offset)[:, None]  # (b, M), j ≠ i
 
     s_a, b_a = _scale(model.log_scale_aggr), model.bias_aggr
-    pos = s_a * F.cosine_similarity(v_pos, batch.local, dim=-1) + b_a  # (B, K)
-    neg = s_a * F.cosine_similarity(v_neg, anchors[None], dim=-1) + b_a  # (B, M)
+    pos = s_a * F.cosine_similarity(v_pos, batch.local, dim=-1) + b_a  # (b, K)
+    neg = s_a * F.cosine_similarity(v_neg, anchors[None], dim=-1) + b_a  # (b, M)
     l_aggr = -((_phi(pos, 1) * batch.local_mask).sum(1) + (_phi(neg, -1) * valid).sum(1)).mean()
     out = {"aggr": l_aggr}
     if with_comp:
         L = batch.ctx_tokens.shape[2]
-        h_pos = model.comp(v_pos.reshape(B * K, 1, D), bg_pos.reshape(B * K, 1, D),
-                           batch.ctx_tokens.reshape(B * K, L, D), batch.ctx_mask.reshape(B * K, L))  # (B*K, 1, D)
-        h_pos = h_pos.view(B, K, D)
-        x_neg, x_neg_mask = batch.ctx_tokens[rows, plan.neg_k][J], batch.ctx_mask[rows, plan.neg_k][J]  # (M, L, D)
-        h_neg = model.comp(v_neg.transpose(0, 1), bg_neg.transpose(0, 1), x_neg, x_neg_mask)  # (M, B, D)
-        h_neg = h_neg.transpose(0, 1)  # (B, M, D)
+        h_pos = model.comp(v_pos.reshape(b * K, 1, D), bg_pos.reshape(b * K, 1, D),
+                           batch.ctx_tokens.reshape(b * K, L, D), batch.ctx_mask.reshape(b * K, L))  # (b*K, 1, D)
+        h_pos = h_pos.view(b, K, D)
+        x_neg, x_neg_mask = columns.ctx_tokens[J], columns.ctx_mask[J]  # (M, L', D), (M, L')
+        h_neg = model.comp(v_neg.transpose(0, 1), bg_neg.transpose(0, 1), x_neg, x_neg_mask)  # (M, b, D)
+        h_neg = h_neg.transpose(0, 1)  # (b, M, D)
         s_c, b_c = _scale(model.log_scale_comp), model.bias_comp
-        pos_c = s_c * (h_pos * batch.image_global[:, None, :]).sum(-1) + b_c  # (B, K)
-        neg_c = s_c * (h_neg * batch.image_global[J][None]).sum(-1) + b_c  # (B, M): vs v_g of j
+        pos_c = s_c * (h_pos * batch.image_global[:, None, :]).sum(-1) + b_c  # (b, K)
+        neg_c = s_c * (h_neg * columns.image_global[J][None]).sum(-1) + b_c  # (b, M): vs v_g of j
         out["comp"] = -((_phi(pos_c, 1) * batch.local_mask).sum(1) + (_phi(neg_c, -1) * valid).sum(1)).mean()
     out["loss"] = out["aggr"] + out.get("comp", 0.0)
     return out

@@ -1,0 +1,118 @@
+"""Data-parallel training on torch.distributed: `torchrun --nproc_per_node N -m foco train ...`.
+
+Each of the N ranks holds B/N images of every global batch of B. The gradient is averaged over ranks by DDP, so
+that it equals the single-process gradient of the global batch's mean loss. The cross-instance negatives span the
+global batch: every rank draws the same negative plan (k' per image, the capped columns) from identically seeded
+generators over the gathered masks of the global batch, so the plan is the single-process one, and computes its
+rows of the B x B grid against the anchors c_jk', contexts X_jk' and image features v_g gathered from every rank.
+
+Gathering needs no gradient because the backbone is frozen: these are cached features, not outputs of the trained
+model. If a backbone (or any module that produces the gathered tensors) were ever tuned, the gather would have to
+carry gradients back to the rank that produced each row (`torch.distributed.nn.all_gather`), as open_clip's
+`gather_with_grad` does.
+
+gloo on CPU and nccl on GPU are chosen automatically. The process group has a timeout, so that a rank that dies
+stops the others with a clear error instead of a hang.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+DEFAULT_TIMEOUT_S = 120
+
+
+class RankLost(RuntimeError):
+    """Another rank stopped, or did not answer within the process group's timeout."""
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def env_from_torchrun() -> DistEnv:
+    """RANK and WORLD_SIZE as torchrun sets them; one process otherwise."""
+    return DistEnv(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+
+
+def init_distributed(env: DistEnv, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
+    """Joins the process group of `env` (env:// rendezvous: MASTER_ADDR, MASTER_PORT), gloo on CPU and nccl when
+    CUDA is available, with a timeout on every collective."""
+    if not env.enabled or dist.is_initialized():
+        return env
+    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    return env
+
+
+def current() -> DistEnv:
+    if dist.is_available() and dist.is_initialized():
+        return DistEnv(dist.get_rank(), dist.get_world_size())
+    return DistEnv()
+
+
+def gather_rows(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Concatenates every rank's (b, ...) tensor along dim 0 in rank order -> (N * b, ...); no gradient. Ranks may
+    differ in dim 1 (token length): shorter ones are zero-padded to the longest."""
+    if not env.enabled:
+        return t
+    t = t.detach().contiguous()
+    if t.ndim >= 2:
+        length = torch.tensor([t.shape[1]])
+        dist.all_reduce(length, op=dist.ReduceOp.MAX)
+        if int(length) > t.shape[1]:
+            pad = [0, 0] * (t.ndim - 2) + [0, int(length) - t.shape[1]]
+            t = torch.nn.functional.pad(t, pad)
+    parts = [torch.empty_like(t) for _ in range(env.world_size)]
+    dist.all_gather(parts, t)
+    return torch.cat(parts, 0)
+
+
+def mean_across(values: dict[str, float], env: DistEnv) -> dict[str, float]:
+    """The mean of each logged value over ranks (each rank's mean over its own rows)."""
+    if not env.enabled or not values:
+        return values
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / env.world_size for k, v in zip(keys, t.tolist())}
+
+
+def barrier(env: DistEnv) -> None:
+    if env.enabled:
+        dist.barrier()
+
+
+def rank_slice(idx: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """This rank's B/N of a global batch of indices (B must be divisible by N)."""
+    if not env.enabled:
+        return idx
+    B = idx.shape[0]
+    if B % env.world_size:
+        raise ValueError(f"the global batch of {B} does not split over {env.world_size} ranks; use a --batch-size "
+                         f"divisible by {env.world_size}")
+    b = B // env.world_size
+    return idx[env.rank * b:(env.rank + 1) * b]
+
+
+def rank_lost(exc: BaseException, env: DistEnv, timeout_s: float | None = None) -> RankLost:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    within = f" within {timeout_s:g} s" if timeout_s else ""
+    return RankLost(f"rank {env.rank} of {env.world_size}: another rank stopped or did not answer{within} ({first}); "
+                    "the job stops here. Rerun the same torchrun command with --resume to continue from the last "
+                    "finished epoch")

@@ -1,0 +1,165 @@
+"""Data-parallel FoCo training (issue 15) on 2 gloo processes against one process on the same global batch:
+the same losses and gradients (stage 1 and stage 2, all negatives and capped), a short run to the same weights, and
+a rank killed mid-epoch: the other stops with a clear message, and --resume ends bit-identical to an uninterrupted
+2-process run."""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from foco.model import ComposedQueryEncoder, FoCoConfig
+from foco.train.data import PairTable
+from foco.train.foco import FoCoTrainConfig, train_foco
+
+D, P, K, L = 16, 4, 3, 6
+
+
+def _table(n: int = 64) -> PairTable:
+    g = torch.Generator().manual_seed(123)
+    image = torch.nn.functional.normalize(torch.randn(n, D, generator=g), dim=-1)
+    patches = torch.randn(n, P, D, generator=g)
+    nt = n * K
+    text = torch.nn.functional.normalize(torch.randn(nt, D, generator=g), dim=-1)
+    tokens = torch.randn(nt, L, D, generator=g)
+    lengths = torch.randint(2, L + 1, (nt,), generator=g)
+    mask = torch.arange(L)[None] < lengths[:, None]
+    local = torch.arange(nt).view(n, K).clone()
+    local[::5, 2] = -1  # some images have fewer pairs
+    context = (local + 7) % nt
+    context[local < 0] = -1
+    return PairTable(image, patches, text, tokens, mask, local, context)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, world: int, port: int, timeout_s: float = 60) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from foco.train.distributed import DistEnv, init_distributed
+    init_distributed(DistEnv(rank, world), "gloo", timeout_s)
+
+
+def _grads_single(stage: int, max_neg):
+    from foco.train.losses import foco_losses, plan_negatives
+    torch.manual_seed(0)
+    model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
+    table, gen = _table(), torch.Generator().manual_seed(5)
+    batch = table.batch(torch.arange(16) * 3 % 64)
+    losses = foco_losses(model, batch, plan_negatives(batch.local_mask, max_neg, gen), stage == 2)
+    losses["loss"].backward()
+    return {k: float(v.detach()) for k, v in losses.items()}, {n: p.grad.clone() for n, p in model.named_parameters()
+                                                       if p.grad is not None}
+
+
+def _grads_worker(rank: int, world: int, port: int, stage: int, max_neg, out: str) -> None:
+    try:
+        _init(rank, world, port)
+        from foco.train.distributed import DistEnv, mean_across
+        from foco.train.foco import FoCoObjective, distributed_step
+        torch.manual_seed(0)
+        model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
+        ddp = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
+        env = DistEnv(rank, world)
+        losses = distributed_step(ddp, _table(), torch.arange(16) * 3 % 64, max_neg, torch.Generator().manual_seed(5),
+                                  stage == 2, env)
+        losses["loss"].backward()
+        values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
+        if rank == 0:
+            from safetensors.torch import save_file
+            save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
+            Path(out + ".json").write_text(__import__("json").dumps(values))
+    except Exception:
+        traceback.print_exc()
+        raise
+
+
+@pytest.mark.parametrize("stage,max_neg", [(1, None), (2, None), (2, 7)])
+def test_two_ranks_compute_the_single_process_losses_and_gradients(stage, max_neg, tmp_path):
+    import json
+    from safetensors.torch import load_file
+    out = str(tmp_path / "grads.safetensors")
+    mp.start_processes(_grads_worker, args=(2, _free_port(), stage, max_neg, out), nprocs=2, start_method="spawn")
+    want_losses, want = _grads_single(stage, max_neg)
+    got, got_losses = load_file(out), json.loads(Path(out + ".json").read_text())
+    assert set(got) == set(want)
+    for k, v in want_losses.items():
+        assert abs(got_losses[k] - v) < 1e-5, (k, got_losses[k], v)
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-5, rtol=0), (name, (got[name] - want[name]).abs().max())
+        if name.endswith("k_proj.bias"):  # softmax is shift-invariant: a key bias has no gradient but float noise
+            assert want[name].abs().max() < 1e-6 and got[name].abs().max() < 1e-6
+
+
+def _noise_only(name: str) -> bool:
+    """Key-projection biases: their exact gradient is zero (see above), so AdamW moves them by float noise, in
+    one process as in two; every other weight must agree."""
+    return name.endswith("k_proj.bias")
+
+
+CFG = FoCoTrainConfig(stage1_epochs=2, stage2_epochs=2, batch_size=16, lr_stage1=1e-3, lr_aggr=1e-3, lr_comp=1e-3,
+                      max_negatives=7, model=FoCoConfig(heads=4, learn_bias=True))
+
+
+def _train_worker(rank: int, world: int, port: int, out: str, resume: bool, die_at: int | None,
+                  timeout_s: float) -> None:
+    _init(rank, world, port, timeout_s)
+
+    def on_step(step, losses):
+        if die_at is not None and rank == 1 and step == die_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        train_foco(_table(128), out, CFG, resume=resume, on_step=on_step)
+    except Exception as exc:
+        Path(f"{out}.rank{rank}.err").write_text(str(exc))
+        raise
+
+
+def _weights(folder: Path) -> dict:
+    from safetensors.torch import load_file
+    return load_file(str(folder / "foco.safetensors"))
+
+
+def test_a_short_two_rank_run_reaches_the_single_process_weights(tmp_path):
+    train_foco(_table(128), tmp_path / "one", CFG)
+    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path / "two"), False, None, 60), nprocs=2,
+                       start_method="spawn")
+    a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
+    for name in a:
+        if not _noise_only(name):
+            assert torch.allclose(a[name], b[name], atol=1e-4, rtol=0), (name, (a[name] - b[name]).abs().max())
+
+
+def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
+    import time
+    ctx = mp.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_train_worker, args=(r, 2, port, str(tmp_path / "cut"), False, 11, 20))
+             for r in range(2)]
+    t0 = time.time()
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(timeout=120)
+    assert procs[1].exitcode == -signal.SIGKILL  # killed mid-epoch (8 steps per epoch: step 11 is in epoch 2)
+    assert procs[0].exitcode not in (None, 0) and time.time() - t0 < 120  # stopped, did not hang
+    message = Path(f"{tmp_path / 'cut'}.rank0.err").read_text()
+    assert "another rank stopped or did not answer" in message and "--resume" in message
+    state = tmp_path / "cut" / "train_state"
+    assert state.is_dir()
+    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path / "cut"), True, None, 60), nprocs=2,
+                       start_method="spawn")
+    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path / "whole"), False, None, 60), nprocs=2,
+                       start_method="spawn")
+    a, b = _weights(tmp_path / "cut"), _weights(tmp_path / "whole")
+    assert all(torch.equal(a[k], b[k]) for k in a)
