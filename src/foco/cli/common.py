@@ -86,7 +86,9 @@ def print_table(title: str, metrics: dict) -> None:
 def add_llm_args(p: argparse.ArgumentParser) -> None:
     """The options of an OpenAI-compatible chat-completions server, shared by every LLM job."""
     llm = p.add_argument_group("llm (an OpenAI-compatible chat-completions server)")
-    llm.add_argument("--llm-url", default=None, help="base URL, e.g. http://127.0.0.1:8000/v1 (env FOCO_LLM_URL)")
+    llm.add_argument("--llm-url", default=None,
+                     help="base URL, e.g. http://127.0.0.1:8000/v1 (env FOCO_LLM_URL); several, comma-separated, "
+                          "are used round-robin and a failing one rests")
     llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
     llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
     llm.add_argument("--timeout", type=float, default=60.0, help="seconds per request")

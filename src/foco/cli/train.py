@@ -13,6 +13,10 @@ def _features_extract(a: argparse.Namespace) -> int:
     from ..world.splits import extract_world_split
     cfg = ExtractConfig(shard_size=a.shard_size, batch_size=a.batch_size, dtype=a.dtype, patches=not a.no_patches,
                         precision=a.precision)
+    if a.inp is not None:
+        return _corpus_extract(a, cfg)
+    if a.world is None or a.split is None:
+        raise ValueError("foco features extract needs --world and --split, or --in 'shards/{00000..00099}.tar'")
     decs = None
     if a.decompositions is not None:
         from ..world.decompositions import world_decompositions
@@ -24,6 +28,43 @@ def _features_extract(a: argparse.Namespace) -> int:
         print(f"{kind}: {s['items']} items, {s['encoded']} encoded now ({rate}{repaired})")
     print(f"features in {a.out}")
     return 0
+
+
+def _corpus_extract(a: argparse.Namespace, cfg) -> int:
+    """Webdataset shards, one feature cache per shard; under torchrun the ranks split the shards."""
+    from ..backbones import create_backbone
+    from ..corpora.extract import extract_corpus
+    from ..train.distributed import env_from_torchrun
+    decs = corpus_decompositions(a) if a.decompositions is not None else None
+    env = env_from_torchrun()
+    s = extract_corpus(create_backbone(a.backbone), a.inp, a.out, cfg, decs, include_captions=a.with_captions,
+                       workers=a.workers, rank=env.rank, world_size=env.world_size)
+    print(f"rank {env.rank}: {s['done_now']} shards encoded now, {s['skipped_done']} already done, of {s['shards']}; "
+          f"features in {a.out}/parts")
+    return 0
+
+
+def training_decompositions(a: argparse.Namespace) -> dict:
+    """image id -> Decomposition: the world's split (--world), or the shards' samples by key (--in)."""
+    if a.inp is None:
+        if a.world is None:
+            raise ValueError("foco train needs --world (a world folder) or --in (webdataset shards)")
+        from ..world.decompositions import world_decompositions
+        return world_decompositions(a.world, a.split, a.decompositions, a.decomposer, a.max_fallback)
+    if a.decompositions is None:
+        raise ValueError("--in needs --decompositions STORE (foco decompose --in the same shards)")
+    from ..decompose.inputs import read_captions
+    from ..decompose.store import stored_decompositions
+    return stored_decompositions([(r.id, r.caption) for r in read_captions(a.inp)], a.decompositions, a.decomposer,
+                                 a.max_fallback)
+
+
+def corpus_decompositions(a: argparse.Namespace) -> dict:
+    """caption -> Decomposition of every sample of the shards --in, from --decompositions."""
+    from ..decompose.inputs import read_captions
+    from ..decompose.store import stored_decompositions
+    captions = sorted({r.caption for r in read_captions(a.inp)})
+    return stored_decompositions([(c, c) for c in captions], a.decompositions, a.decomposer, a.max_fallback)
 
 
 def _features_verify(a: argparse.Namespace) -> int:
@@ -46,7 +87,6 @@ def _train(a: argparse.Namespace) -> int:
     from ..model import FoCoConfig
     from ..train.data import build_pair_table
     from ..train.foco import FoCoTrainConfig, train_foco
-    from ..world.decompositions import world_decompositions
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
                           max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias),
@@ -57,9 +97,11 @@ def _train(a: argparse.Namespace) -> int:
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed
     env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
-    table = build_pair_table(a.features, world_decompositions(a.world, a.split, a.decompositions, a.decomposer,
-                                                              a.max_fallback))
-    spec = FeatureCache(a.features).manifest["backbone"]
+    table = build_pair_table(a.features, training_decompositions(a))
+    from ..corpora.extract import is_corpus
+    from ..utils.io import read_json
+    spec = read_json(Path(a.features) / "corpus.json")["backbone"] if is_corpus(a.features) else \
+        FeatureCache(a.features).manifest["backbone"]
     edits = edit_table(a, create_backbone(spec), edit_records(a)) if a.edits else None
     if edits is not None and a.image_weight > 0:
         from ..train.targets import parse_threshold
@@ -119,8 +161,12 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     feats = sub.add_parser("features", help="the feature cache").add_subparsers(dest="action", required=True)
     x = feats.add_parser("extract", help="encode a world split once into resumable shards")
     x.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
-    x.add_argument("--world", required=True, help="world folder (foco world generate --out)")
-    x.add_argument("--split", required=True,
+    x.add_argument("--world", default=None, help="world folder (foco world generate --out)")
+    x.add_argument("--in", dest="inp", default=None,
+                   help="instead of --world: webdataset shards, e.g. 'shards/{00000..00099}.tar' (img2dataset layout)")
+    x.add_argument("--workers", type=nonneg_int, default=2, help="with --in: DataLoader workers decoding images")
+    x.add_argument("--with-captions", action="store_true", help="with --in: encode the full captions too")
+    x.add_argument("--split", default=None,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
     x.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     x.add_argument("--shard-size", type=positive_int, default=2048, help="items per safetensors shard (the unit of resume)")
@@ -139,7 +185,9 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
 def _register_train(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
     tr.add_argument("--features", required=True, help="feature cache of the training split")
-    tr.add_argument("--world", required=True, help="world folder (its pairs; oracle decompositions by default)")
+    tr.add_argument("--world", default=None, help="world folder (its pairs; oracle decompositions by default)")
+    tr.add_argument("--in", dest="inp", default=None,
+                    help="instead of --world: the webdataset shards the --features were extracted from")
     tr.add_argument("--split", default="train", help="which split to read")
     add_decomposition_args(tr)
     tr.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")

@@ -6,6 +6,8 @@ import json
 import time
 from pathlib import Path
 
+from .common import positive_int
+
 
 def _generate(a: argparse.Namespace) -> int:
     from ..world.generate import generate_world, world_config
@@ -34,8 +36,18 @@ def _ambiguous(a: argparse.Namespace) -> int:
 
 
 def _export(a: argparse.Namespace) -> int:
+    if a.format == "webdataset":
+        from ..world.webdataset import export_world_pairs
+        split = a.split if a.split in ("pretrain", "train", "backbone_val") else "train"
+        if a.split not in (None, split):
+            raise ValueError(f"--format webdataset exports a pairs split (pretrain, train, backbone_val), "
+                             f"not {a.split}")
+        s = export_world_pairs(a.world, split, a.out, a.shard_size)
+        print(f"world {split} pairs written to {a.out}: {s['samples']} samples in {s['shards']} shards; read them "
+              f"with --in '{s['pattern']}'")
+        return 0
     from ..benchmarks.export import export_world
-    summary = export_world(a.world, a.format, a.split, a.out)
+    summary = export_world(a.world, a.format, a.split or "val", a.out)
     print(f"world {a.split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
           f"{summary['queries']} queries, {summary['gallery']} gallery images")
     print(f"evaluate it with: foco eval --benchmark {a.format} --root {a.out} --split "
@@ -58,17 +70,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     am = world.add_parser("ambiguous", help="the ambiguous-reference variant (two same-kind objects, a box)")
     am.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     am.add_argument("--split", default="test", choices=["val", "test"], help="benchmark split of the ambiguous variant")
-    am.add_argument("--queries", type=int, default=None, help="how many queries to write")
+    am.add_argument("--queries", type=positive_int, default=None, help="how many queries to write")
     am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
     am.set_defaults(func=_ambiguous)
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
     v.set_defaults(func=_verify)
-    ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...)")
+    ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
+                                         "pairs as webdataset shards")
     ex.add_argument("--world", required=True, help="world folder (foco world generate --out)")
-    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis"],
-        help="the official layout to write")
-    ex.add_argument("--split", default="val", choices=["val", "test"],
-                    help="test files carry no targets, as the official ones (GeneCIS keeps them)")
+    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis", "webdataset"],
+        help="the official layout to write; webdataset: image-caption pairs as img2dataset-style tar shards")
+    ex.add_argument("--split", default=None, choices=["val", "test", "pretrain", "train", "backbone_val"],
+                    help="benchmarks: val (default) or test, whose files carry no targets as the official ones "
+                         "(GeneCIS keeps them); webdataset: a pairs split (default train)")
+    ex.add_argument("--shard-size", type=positive_int, default=1000, help="webdataset: samples per tar shard")
     ex.add_argument("--out", required=True, help="output folder")
     ex.set_defaults(func=_export)

@@ -12,6 +12,7 @@ import json
 import os
 import random
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -61,15 +62,75 @@ class ChatAnswer:
     completion_tokens: int
 
 
+class Unreachable(ConfigError):
+    """A refused connection, a DNS failure: the server is not there (a configuration error with one server)."""
+
+
 class ChatClient:
+    """Chat completions from one server, or several (`--llm-url A,B,...`) taken round-robin with per-server health:
+    a server that refuses, times out or answers 5xx/429 rests for `cooldown_s` (doubling while it keeps failing)
+    and requests go to the others; only when every server refuses is the job stopped as misconfigured."""
+
+    cooldown_s: float = 5.0
+
     def __init__(self, cfg: ChatConfig):
         self.cfg = cfg.resolved()
-        if not self.cfg.url.startswith(("http://", "https://")):
-            raise ConfigError(f"--llm-url {self.cfg.url!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
-        endpoint = self.cfg.url
-        self.endpoint = endpoint if endpoint.endswith("/chat/completions") else endpoint + "/chat/completions"
+        urls = [u.strip().rstrip("/") for u in self.cfg.url.split(",") if u.strip()]
+        for u in urls:
+            if not u.startswith(("http://", "https://")):
+                raise ConfigError(f"--llm-url {u!r} is not an http(s) URL (e.g. http://127.0.0.1:8000/v1)")
+        self.endpoints = [u if u.endswith("/chat/completions") else u + "/chat/completions" for u in urls]
+        self.endpoint = self.endpoints[0]
+        self._lock = threading.Lock()
+        self._next = 0
+        self._down_until = [0.0] * len(self.endpoints)
+        self._failures = [0] * len(self.endpoints)
+        self.server_stats = {e: {"requests": 0, "failures": 0} for e in self.endpoints}
+
+    def _pick(self, exclude: set[int]) -> int:
+        with self._lock:
+            now = time.monotonic()
+            n = len(self.endpoints)
+            order = [(self._next + k) % n for k in range(n)]
+            healthy = [i for i in order if i not in exclude and self._down_until[i] <= now]
+            pool = healthy or sorted((i for i in order if i not in exclude), key=lambda i: self._down_until[i])
+            i = pool[0]
+            self._next = (i + 1) % n
+            self.server_stats[self.endpoints[i]]["requests"] += 1
+            return i
+
+    def _mark(self, i: int, ok: bool) -> None:
+        with self._lock:
+            if ok:
+                self._failures[i] = 0
+                self._down_until[i] = 0.0
+                return
+            self._failures[i] += 1
+            self.server_stats[self.endpoints[i]]["failures"] += 1
+            self._down_until[i] = time.monotonic() + self.cooldown_s * 2 ** min(self._failures[i] - 1, 6)
 
     def complete(self, messages: list[dict[str, str]], temperature: float | None = None) -> ChatAnswer:
+        """One answer; a refused server hands the request to the next one at once (retryable failures are left
+        to the caller's retry policy, whose next try goes to another server)."""
+        refused: set[int] = set()
+        while True:
+            i = self._pick(refused)
+            try:
+                answer = self._complete_at(self.endpoints[i], messages, temperature)
+            except Unreachable:
+                self._mark(i, False)
+                refused.add(i)
+                if len(refused) == len(self.endpoints):
+                    raise
+                continue
+            except RetryableError:
+                self._mark(i, False)
+                raise
+            self._mark(i, True)
+            return answer
+
+    def _complete_at(self, endpoint: str, messages: list[dict[str, str]], temperature: float | None
+                     ) -> ChatAnswer:
         body: dict[str, Any] = {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
                                 "temperature": self.cfg.temperature if temperature is None else temperature}
         if self.cfg.json_mode:
@@ -77,7 +138,7 @@ class ChatClient:
         headers = {"Content-Type": "application/json"}
         if self.cfg.api_key:
             headers["Authorization"] = f"Bearer {self.cfg.api_key}"
-        req = urllib.request.Request(self.endpoint, data=json.dumps(body).encode(), headers=headers, method="POST")
+        req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), headers=headers, method="POST")
         try:
             with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
                 raw = resp.read()
@@ -85,16 +146,16 @@ class ChatClient:
             detail = exc.read()[:200].decode("utf-8", "replace")
             if exc.code == 429 or exc.code >= 500:
                 raise RetryableError(f"HTTP {exc.code}: {detail}") from exc
-            raise ConfigError(f"{self.endpoint} answered HTTP {exc.code}: {detail}") from exc
+            raise ConfigError(f"{endpoint} answered HTTP {exc.code}: {detail}") from exc
         except (socket.timeout, TimeoutError) as exc:
             raise RetryableError(f"timeout after {self.cfg.timeout_s:g}s") from exc
         except urllib.error.URLError as exc:
             if isinstance(exc.reason, (socket.timeout, TimeoutError)):
                 raise RetryableError(f"timeout after {self.cfg.timeout_s:g}s") from exc
             if isinstance(exc.reason, (ConnectionRefusedError, socket.gaierror, str)):
-                raise ConfigError(f"cannot reach the LLM server at {self.endpoint} ({exc.reason}): is it running? "
+                raise Unreachable(f"cannot reach the LLM server at {endpoint} ({exc.reason}): is it running? "
                                   "check --llm-url") from exc
-            raise RetryableError(f"cannot reach {self.endpoint}: {exc.reason}") from exc
+            raise RetryableError(f"cannot reach {endpoint}: {exc.reason}") from exc
         except (ConnectionError, OSError) as exc:  # reset or closed mid-answer
             raise RetryableError(f"connection failed: {exc}") from exc
         try:

@@ -9,6 +9,8 @@
   would-be id does not look like one is a header without a known caption column, and is refused, never read as
   data.
 - A world folder: its `pairs/<split>.jsonl`.
+- Webdataset tar shards, as img2dataset writes them ('shards/{00000..00099}.tar'): each sample's key is its id and
+  its .txt (else the "caption" of its .json) the caption (`foco.corpora.webdataset`).
 A malformed row raises ManifestError naming the file and line; nothing is skipped.
 """
 from __future__ import annotations
@@ -33,6 +35,9 @@ class CaptionRecord:
 
 
 def read_captions(path: str | Path, split: str = "train", caption_column: str | None = None) -> list[CaptionRecord]:
+    from ..corpora.webdataset import is_shard_pattern
+    if is_shard_pattern(path):
+        return _read_shards(str(path))
     path = Path(path)
     if path.is_dir():
         manifest = path / "pairs" / f"{split}.jsonl"
@@ -47,6 +52,20 @@ def read_captions(path: str | Path, split: str = "train", caption_column: str | 
     if suffix in (".tsv", ".csv", ".txt"):
         return _read_table(path, "\t" if suffix in (".tsv", ".txt") else ",", caption_column)
     raise ManifestError(f"{path}: unknown caption format {suffix!r}; use .csv, .tsv or .jsonl")
+
+
+def _read_shards(pattern: str) -> list[CaptionRecord]:
+    from ..corpora.webdataset import iter_shard, shard_paths
+    out, seen = [], {}
+    for shard in shard_paths(pattern):
+        for sample in iter_shard(shard, with_images=False):
+            if not sample.caption or not sample.caption.strip():
+                raise ManifestError(f"{shard}: sample {sample.key} has no caption (.txt, or 'caption' in its .json)")
+            if sample.key in seen:
+                raise ManifestError(f"{shard}: sample key {sample.key} is also in {seen[sample.key]}")
+            seen[sample.key] = shard
+            out.append(CaptionRecord(sample.key, sample.caption.strip()))
+    return out
 
 
 def _read_jsonl(path: Path) -> list[CaptionRecord]:

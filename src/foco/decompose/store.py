@@ -236,3 +236,26 @@ def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
         n_settings = len(read_settings(dst.db))
         flagged = dst.db.execute("SELECT COUNT(*) FROM decompositions WHERE flag != ''").fetchone()[0]
     return MergeStats(len(inputs), n_settings, added, identical, flagged)
+
+
+def stored_decompositions(items: list[tuple[str, str]], store: str | Path, decomposer: str, max_fallback: float,
+                          what: str = "") -> dict:
+    """(id, caption) items -> {id: Decomposition} from `store` under `decomposer` (a name or settings id).
+
+    Rows a fallback wrote (flagged: the LLM failed and the rule decomposer answered) are counted: more than
+    `max_fallback` of the captions is refused, so that "llm" never trains on rule pairs without a word; fewer are
+    logged."""
+    import logging
+    if not Path(store).is_file():
+        raise FileNotFoundError(f"decomposition store not found: {store} (run `foco decompose --out {store}`)")
+    with DecompositionStore(store) as s:
+        found = s.get_many(s.resolve(decomposer), [c for _, c in items])
+    flagged = sum(1 for _, c in items if found[c].flag)
+    if flagged > max_fallback * len(items):
+        raise ValueError(f"{flagged} of {len(items)} {what}captions in {store} ({decomposer}) were written by a "
+                         f"fallback, more than --max-fallback {max_fallback:g}: ask again with `foco decompose ... "
+                         "--retry-flagged`, or raise --max-fallback")
+    if flagged:
+        logging.getLogger(__name__).warning("%d of %d %scaptions in %s (%s) were written by a fallback", flagged,
+                                            len(items), what, store, decomposer)
+    return {i: found[c] for i, c in items}

