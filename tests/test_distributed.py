@@ -163,3 +163,57 @@ def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
                        start_method="spawn")
     a, b = _weights(tmp_path / "cut"), _weights(tmp_path / "whole")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _p2w_grads(images: torch.Tensor, distributed: bool, rank: int = 0, world: int = 1):
+    from foco.backbones import create_backbone
+    from foco.methods.pic2word import Pic2WordConfig, Pic2WordMapper
+    from foco.train.distributed import DistEnv
+    from foco.train.pic2word import Pic2WordObjective
+    backbone = create_backbone("world:pretrained")
+    torch.manual_seed(0)
+    mapper = Pic2WordMapper(Pic2WordConfig(image_dim=images.shape[1], token_dim=backbone.token_dim))
+    mapper.eval()  # dropout off: each rank draws its own masks, so only the deterministic computation can match
+    objective = Pic2WordObjective(mapper, backbone, "a photo of *", "*", 0.07)
+    env = DistEnv(rank, world)
+    if distributed:
+        objective = torch.nn.parallel.DistributedDataParallel(objective)
+        b = images.shape[0] // world
+        images = images[rank * b:(rank + 1) * b]
+    if distributed:
+        loss = objective(images, env)["loss"]
+    else:  # the texts encoded in the ranks' halves: MiniLM's backward alone differs by ~0.3 % between a batch of
+        # 16 and two of 8 in one process, so the reference must batch the text tower as the ranks do
+        import torch.nn.functional as F
+        from foco.train.pic2word import pic2word_loss
+        texts = torch.cat([backbone.encode_texts_with_tokens(["a photo of *"] * 8, mapper(h), "*").global_
+                           for h in images.split(8)])
+        loss = pic2word_loss(F.normalize(images, dim=-1), texts, 0.07)
+    loss.backward()
+    return loss, {n: p.grad.clone() for n, p in mapper.named_parameters()}
+
+
+def _p2w_worker(rank: int, world: int, port: int, out: str) -> None:
+    _init(rank, world, port)
+    from foco.train.distributed import DistEnv, mean_across
+    images = torch.randn(16, 256, generator=torch.Generator().manual_seed(9))
+    loss, grads = _p2w_grads(images, True, rank, world)
+    value = mean_across({"loss": float(loss.detach())}, DistEnv(rank, world))
+    if rank == 0:
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in grads.items()}, out)
+        Path(out + ".json").write_text(__import__("json").dumps(value))
+
+
+def test_pic2word_on_two_ranks_matches_one_process(tmp_path):
+    """Pic2Word's texts come out of the trained mapper, so they are gathered with their gradient."""
+    import json
+    from safetensors.torch import load_file
+    out = str(tmp_path / "p2w.safetensors")
+    mp.start_processes(_p2w_worker, args=(2, _free_port(), out), nprocs=2, start_method="spawn")
+    images = torch.randn(16, 256, generator=torch.Generator().manual_seed(9))
+    loss, want = _p2w_grads(images, False)
+    got = load_file(out)
+    assert abs(json.loads(Path(out + ".json").read_text())["loss"] - float(loss.detach())) < 1e-5
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-4), (name, (got[name] - want[name]).abs().max())

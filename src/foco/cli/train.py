@@ -142,8 +142,11 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     cache = FeatureCache(a.features)
     spec = a.backbone or cache.manifest["backbone"]
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
+    from ..train.distributed import env_from_torchrun, init_distributed
+    env = init_distributed(env_from_torchrun())  # torchrun --nproc_per_node N -m foco pic2word train ...
     train_pic2word(cache.images()[1].global_, create_backbone(spec), a.out, cfg, resume=True)
-    print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
+    if env.is_main:
+        print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
     return 0
 
 

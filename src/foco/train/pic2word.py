@@ -11,6 +11,7 @@ import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
+from .distributed import DistEnv, RankLost, current, gather_rows, rank_lost, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
 
 
@@ -41,6 +42,36 @@ def pic2word_loss(image_global: torch.Tensor, text_global: torch.Tensor, tempera
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
 
 
+class Pic2WordObjective(torch.nn.Module):
+    """Pic2Word's loss as a module's forward, for DDP. Data-parallel, each rank maps its b images and scores its
+    rows against the images and texts of the whole batch: the images are gathered without gradient (cached
+    features), the texts with it (`torch.distributed.nn`), because they come out of the trained mapper. The
+    gather's backward sends each rank the gradient of every rank's loss with respect to its texts, and DDP averages
+    the mapper's gradients over ranks: together that is the gradient of the global batch's mean loss, as on one
+    process (open_clip's local loss with gathered features)."""
+
+    def __init__(self, mapper: Pic2WordMapper, backbone: PseudoTokenBackbone, prompt: str, placeholder: str,
+                 tau: float):
+        super().__init__()
+        self.mapper = mapper
+        self.__dict__["backbone"] = backbone  # frozen: not a submodule, so DDP leaves it alone
+        self.prompt, self.placeholder, self.tau = prompt, placeholder, tau
+
+    def forward(self, v: torch.Tensor, env: DistEnv) -> Losses:  # v (b, D), this rank's images
+        text = self.backbone.encode_texts_with_tokens([self.prompt] * v.shape[0], self.mapper(v),
+                                                      self.placeholder).global_  # (b, D)
+        v = F.normalize(v, dim=-1)
+        if not env.enabled:
+            return {"loss": pic2word_loss(v, text, self.tau)}
+        import torch.distributed.nn.functional as dist_nn
+        texts = torch.cat(dist_nn.all_gather(text.contiguous()))  # (B, D), with gradient
+        images = gather_rows(v, env)  # (B, D)
+        labels = torch.arange(v.shape[0]) + env.rank * v.shape[0]
+        loss = 0.5 * (F.cross_entropy(v @ texts.t() / self.tau, labels) +
+                      F.cross_entropy(text @ images.t() / self.tau, labels))
+        return {"loss": loss}
+
+
 def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,
                    cfg: Pic2WordTrainConfig | None = None, resume: bool = False) -> Pic2WordMapper:
     """Trains phi on N cached image globals (N, D) with the frozen `backbone`'s text tower; writes `out`/
@@ -56,16 +87,24 @@ def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, ou
     mapper = Pic2WordMapper(cfg.model)
     tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
     n, B = image_global.shape[0], min(cfg.batch_size, image_global.shape[0])
-    prompts = [cfg.model.train_prompt] * B
+    env = current()  # data-parallel under torchrun (`foco.train.distributed`)
+    objective = Pic2WordObjective(mapper, backbone, cfg.model.train_prompt, cfg.model.placeholder, tau)
+    if env.enabled:
+        objective = torch.nn.parallel.DistributedDataParallel(objective)
 
-    def step(idx: torch.Tensor) -> Losses:  # idx (B,)
-        v = image_global[idx].float()  # (B, D)
-        text = backbone.encode_texts_with_tokens(prompts, mapper(v), cfg.model.placeholder)  # (B, D)
-        return {"loss": pic2word_loss(F.normalize(v, dim=-1), text.global_, tau)}
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; each rank takes its rows
+        return objective(image_global[rank_slice(idx, env)].float(), env)
 
     phase = Phase(cfg.epochs, lambda: torch.optim.AdamW(mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                   step, record=lambda steps: {"steps": steps, "temperature": tau})
-    run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word"), rng,
-        resume)
+    try:
+        run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word",
+                                             env=env), rng, resume)
+    except RuntimeError as exc:
+        if env.enabled and not isinstance(exc, RankLost):
+            raise rank_lost(exc, env) from exc
+        raise
+    if not env.is_main:
+        return mapper
     mapper.save(out, {"backbone": backbone.spec, "train": {k: v for k, v in asdict(cfg).items() if k != "model"}})
     return mapper
