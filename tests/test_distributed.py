@@ -217,3 +217,63 @@ def test_pic2word_on_two_ranks_matches_one_process(tmp_path):
     assert abs(json.loads(Path(out + ".json").read_text())["loss"] - float(loss.detach())) < 1e-5
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-4), (name, (got[name] - want[name]).abs().max())
+
+
+def _edit_batch(rows=None):
+    from foco.backbones.base import ImageFeatures, TextFeatures
+    from foco.train.edit_data import EditBatch
+    g = torch.Generator().manual_seed(77)
+    n = 16
+    norm = torch.nn.functional.normalize
+    ref = ImageFeatures(norm(torch.randn(n, D, generator=g), dim=-1), torch.randn(n, P, D, generator=g))
+    mask = torch.arange(L)[None] < torch.randint(2, L + 1, (n,), generator=g)[:, None]
+    ins = TextFeatures(norm(torch.randn(n, D, generator=g), dim=-1), torch.randn(n, L, D, generator=g), mask)
+    has = torch.rand(n, generator=g) < 0.6
+    batch = EditBatch(ref, ins, norm(torch.randn(n, D, generator=g), dim=-1),
+                      norm(torch.randn(n, 2, D, generator=g), dim=-1), torch.rand(n, 2, generator=g) < 0.8,
+                      [f"t{i}" for i in range(n)], norm(torch.randn(n, D, generator=g), dim=-1) * has[:, None], has)
+    if rows is None:
+        return batch
+    return EditBatch(ImageFeatures(ref.global_[rows], ref.patches[rows]),
+                     TextFeatures(ins.global_[rows], ins.tokens[rows], ins.mask[rows]), batch.target[rows],
+                     batch.negatives[rows], batch.negative_mask[rows], [batch.texts[i] for i in rows.tolist()],
+                     batch.target_image[rows], batch.has_target_image[rows])
+
+
+EDIT_KW = dict(temperature=0.05, preserve_weight=0.3, use_negatives=True, image_weight=0.3)
+
+
+def _edit_worker(rank: int, world: int, port: int, out: str) -> None:
+    _init(rank, world, port)
+    from foco.train.distributed import DistEnv, mean_across
+    from foco.train.foco import FoCoObjective
+    torch.manual_seed(0)
+    model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
+    ddp = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
+    env = DistEnv(rank, world)
+    losses = ddp(_edit_batch(torch.arange(8) + 8 * rank), edit={**EDIT_KW, "env": env})
+    losses["loss"].backward()
+    values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
+    if rank == 0:
+        from safetensors.torch import save_file
+        save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
+        Path(out + ".json").write_text(__import__("json").dumps(values))
+
+
+def test_the_edit_stage_on_two_ranks_matches_one_process(tmp_path):
+    """foco-edits' stage 3: targets, sources and target images gathered as features, queries with their gradient."""
+    import json
+    from safetensors.torch import load_file
+    from foco.train.losses import edit_losses
+    out = str(tmp_path / "edit.safetensors")
+    mp.start_processes(_edit_worker, args=(2, _free_port(), out), nprocs=2, start_method="spawn")
+    torch.manual_seed(0)
+    model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
+    losses = edit_losses(model, _edit_batch(), **EDIT_KW)
+    losses["loss"].backward()
+    got, got_losses = load_file(out), json.loads(Path(out + ".json").read_text())
+    for k, v in losses.items():
+        assert abs(got_losses[k] - float(v.detach())) < 1e-5, (k, got_losses[k], float(v))
+    for name, p in model.named_parameters():
+        if p.grad is not None:
+            assert torch.allclose(got[name], p.grad, atol=1e-5, rtol=0), (name, (got[name] - p.grad).abs().max())

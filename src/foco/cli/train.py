@@ -130,8 +130,12 @@ def edit_table(a: argparse.Namespace, backbone, records: list):
     """`records` joined with the training features; their texts encoded once (resumable). Reads a.edit_features,
     a.out, a.features (shared by foco train, pact, tscir)."""
     from ..train.edit_data import build_edit_table, encode_edit_texts
+    from ..train.distributed import barrier, current
     texts = Path(a.edit_features or Path(a.out) / "edit-features")
-    encode_edit_texts(backbone, records, texts)
+    env = current()
+    if env.is_main:  # under torchrun, rank 0 encodes and the others read what it wrote
+        encode_edit_texts(backbone, records, texts)
+    barrier(env)
     return build_edit_table(a.features, texts, records)
 
 

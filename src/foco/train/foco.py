@@ -72,7 +72,11 @@ class FoCoObjective(torch.nn.Module):
         super().__init__()
         self.model = model
 
-    def forward(self, batch, plan, with_comp: bool, columns=None, row_offset: int = 0) -> Losses:
+    def forward(self, batch, plan=None, with_comp: bool = False, columns=None, row_offset: int = 0,
+                edit: dict | None = None) -> Losses:
+        if edit is not None:  # stage 3: the edit losses, with `edit` their keyword arguments
+            from .losses import edit_losses
+            return edit_losses(self.model, batch, **edit)
         return foco_losses(self.model, batch, plan, with_comp, columns, row_offset)
 
 
@@ -113,13 +117,17 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
                  tag={"stage": stage}, record=temperatures)
 
 
-def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig) -> Phase:
+def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig, env: DistEnv = DistEnv(),
+                objective: torch.nn.Module | None = None) -> Phase:
     """Stage 3 (foco-edits, not in the paper): the instruction drives both modules, as at inference."""
     from .losses import edit_losses
+    kwargs = dict(temperature=cfg.edit_temperature, preserve_weight=cfg.preserve_weight,
+                  use_negatives=cfg.edit_negatives, image_weight=cfg.image_weight)
 
-    def step(idx: torch.Tensor) -> Losses:  # idx (B,)
-        return edit_losses(model, edits.batch(idx), cfg.edit_temperature, cfg.preserve_weight, cfg.edit_negatives,
-                           cfg.image_weight)
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch
+        if env.enabled:
+            return objective(edits.batch(rank_slice(idx, env)), edit={**kwargs, "env": env})
+        return edit_losses(model, edits.batch(idx), **kwargs)
 
     def optimizer() -> torch.optim.AdamW:
         groups = [{"params": list(model.aggr.parameters()), "lr": cfg.lr_edit_aggr},
@@ -151,9 +159,6 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     env = current()  # data-parallel when launched by torchrun (`foco.train.distributed`)
     objective = None
     if env.enabled:
-        if cfg.stage3_epochs > 0:
-            raise ValueError("the edit stage (--edits) runs on one process for now; train stages 1-2 with torchrun, "
-                             "then resume with --edits on one process")
         objective = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
     loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo", env=env,
                       plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
@@ -162,7 +167,7 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
                       identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision)
     phases = [_stage(model, table, cfg, gen, 1, env, objective), _stage(model, table, cfg, gen, 2, env, objective)]
     if cfg.stage3_epochs > 0:
-        phases.append(_edit_stage(model, edits, cfg))
+        phases.append(_edit_stage(model, edits, cfg, env, objective))
     try:
         run(model, phases, out, loop, rng, resume, gen, on_step)
     except RuntimeError as exc:

@@ -115,7 +115,7 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
 
 
 def edit_losses(model: ComposedQueryEncoder, batch: "EditBatch", temperature: float, preserve_weight: float,
-                use_negatives: bool, image_weight: float = 0.0) -> dict[str, torch.Tensor]:
+                use_negatives: bool, image_weight: float = 0.0, env=None) -> dict[str, torch.Tensor]:
     """FoCo's edit stage (foco-edits; not in the FoCo paper, after PACT's preserve-and-compose objectives):
 
         h_b = h(source_b | instruction_b as anchor and context),  t_b = target caption, v_b = source image
@@ -125,17 +125,64 @@ def edit_losses(model: ComposedQueryEncoder, batch: "EditBatch", temperature: fl
         loss = L_compose + preserve_weight * L_preserve + image_weight * L_image
 
     The negative captions (the edit not applied, applied to the wrong phrase) join each query's candidates as hard
-    negatives when `use_negatives`. Returns {"compose", "preserve", "loss"}."""
-    h = model.encode(batch.reference, batch.instruction).query  # (B, D), normalised
-    compose = compose_loss(h, batch.target, batch.negatives if use_negatives else None, batch.negative_mask,
-                           temperature)
-    preserve = info_nce(h, F.normalize(batch.reference.global_, dim=-1), temperature)
+    negatives when `use_negatives`. Returns {"compose", "preserve", "loss"}.
+
+    Data-parallel (`env` of `foco.train.distributed`, under torchrun): `batch` is this rank's rows. Targets, source
+    images and target images are cached features, gathered without gradient; the queries come out of the trained
+    model and are gathered with it (the T h^T direction needs every rank's queries). Each term is this rank's rows'
+    share of the global batch's mean, so that DDP's average over ranks is the one-process gradient."""
+    from .distributed import DistEnv, gather_rows
+    env = env or DistEnv()
+    h = model.encode(batch.reference, batch.instruction).query  # (b, D), normalised
+    b = h.shape[0]
+    if not env.enabled:
+        compose = compose_loss(h, batch.target, batch.negatives if use_negatives else None, batch.negative_mask,
+                               temperature)
+        preserve = info_nce(h, F.normalize(batch.reference.global_, dim=-1), temperature)
+    else:
+        import torch.distributed.nn.functional as dist_nn
+        labels = torch.arange(b) + env.rank * b
+        targets = gather_rows(batch.target, env)  # (B, D)
+        queries = torch.cat(dist_nn.all_gather(h.contiguous()))  # (B, D), with gradient
+        to_targets = h @ targets.t() / temperature  # (b, B)
+        candidates = to_targets
+        if use_negatives:
+            neg = torch.einsum("bd,bkd->bk", h, batch.negatives) / temperature  # (b, Kn)
+            candidates = torch.cat([to_targets, neg.masked_fill(~batch.negative_mask, float("-inf"))], 1)
+        compose = 0.5 * (F.cross_entropy(candidates, labels) +
+                         F.cross_entropy(batch.target @ queries.t() / temperature, labels))
+        sources = gather_rows(F.normalize(batch.reference.global_, dim=-1), env)  # (B, D)
+        preserve = F.cross_entropy(h @ sources.t() / temperature, labels)
     out = {"compose": compose, "preserve": preserve, "loss": compose + preserve_weight * preserve}
-    if image_weight > 0 and bool(batch.has_target_image.any()):
-        rows = batch.has_target_image.nonzero().flatten()  # triplets with a retrieved target image
-        out["target_image"] = info_nce(h[rows], batch.target_image[rows], temperature)
-        out["loss"] = out["loss"] + image_weight * out["target_image"]
+    if image_weight > 0:
+        term = _target_image_loss(h, batch, temperature, env)
+        if term is not None:
+            out["target_image"] = term
+            out["loss"] = out["loss"] + image_weight * term
     return out
+
+
+def _target_image_loss(h: torch.Tensor, batch: "EditBatch", temperature: float, env) -> torch.Tensor | None:
+    """L_image over the triplets with a retrieved target image; None when the (global) batch has none."""
+    if not env.enabled:
+        if not bool(batch.has_target_image.any()):
+            return None
+        rows = batch.has_target_image.nonzero().flatten()  # triplets with a retrieved target image
+        return info_nce(h[rows], batch.target_image[rows], temperature)
+    from .distributed import gather_rows
+    has = gather_rows(batch.has_target_image.to(torch.uint8), env).bool()  # (B,)
+    total = int(has.sum())
+    if total == 0:
+        return None
+    images = gather_rows(batch.target_image, env)[has]  # (R, D), the candidates, in global row order
+    b = h.shape[0]
+    mine = has[env.rank * b:(env.rank + 1) * b]  # (b,)
+    position = torch.cumsum(has.long(), 0) - 1  # global row -> its index among the candidates
+    labels = position[env.rank * b:(env.rank + 1) * b][mine]
+    if not bool(mine.any()):
+        return (h.sum() * 0.0)  # this rank has none: it adds nothing, but joins the gradient's all-reduce
+    ce = F.cross_entropy(h[mine] @ images.t() / temperature, labels, reduction="sum")
+    return ce * env.world_size / total  # this rank's share of the global mean, as DDP averages over ranks
 
 
 def info_nce(query: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
