@@ -277,3 +277,18 @@ def test_the_edit_stage_on_two_ranks_matches_one_process(tmp_path):
     for name, p in model.named_parameters():
         if p.grad is not None:
             assert torch.allclose(got[name], p.grad, atol=1e-5, rtol=0), (name, (got[name] - p.grad).abs().max())
+
+
+def test_compile_trains_to_the_same_weights(tmp_path):
+    """--compile (for GPUs) runs the same losses through torch.compile; the weights stay the model's. The test
+    traces with the aot_eager backend (dynamo capture and AOTAutograd, the whole graph path without code generation):
+    inductor's C++ code generation takes minutes on this CPU, too long for the suite."""
+    from dataclasses import replace
+    short = replace(CFG, stage1_epochs=1, stage2_epochs=1)
+    train_foco(_table(64), tmp_path / "plain", short)
+    train_foco(_table(64), tmp_path / "compiled", replace(short, compile="aot_eager"))
+    a, b = _weights(tmp_path / "plain"), _weights(tmp_path / "compiled")
+    assert set(a) == set(b)  # no "_orig_mod." prefixes: the checkpoint is the model's
+    for name in a:
+        if not _noise_only(name):
+            assert torch.allclose(a[name], b[name], atol=1e-4, rtol=0), (name, (a[name] - b[name]).abs().max())

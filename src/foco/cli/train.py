@@ -93,7 +93,7 @@ def _train(a: argparse.Namespace) -> int:
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
-                          precision=a.precision)
+                          precision=a.precision, compile=a.compile)
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed
     env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
@@ -207,6 +207,9 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
     tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    tr.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
+                    help="torch.compile the training step (default backend inductor; for GPUs: compiling takes a "
+                         "while on the first steps)")
     tr.add_argument("--dist-timeout", type=positive_int, default=120,
                     help="under torchrun: seconds a rank waits for the others before the job stops")
     add_precision_arg(tr)

@@ -50,6 +50,7 @@ class FoCoTrainConfig:
     image_weight: float = 0.0  # weight of L_image (the retrieved target image, where the table has one)
     seed: int = 0
     precision: str = "fp32"  # "bf16" (autocast) or "auto" (bf16 where native): foco.utils.precision
+    compile: str | None = None  # torch.compile backend of the losses' forward ("inductor" for GPUs); None: eager
     model: FoCoConfig = field(default_factory=FoCoConfig)
 
 
@@ -105,7 +106,10 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
         if env.enabled:
             return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env)
         batch = table.batch(idx)
-        return foco_losses(model, batch, plan_negatives(batch.local_mask, cfg.max_negatives, gen), with_comp)
+        plan = plan_negatives(batch.local_mask, cfg.max_negatives, gen)
+        if objective is not None:  # compiled
+            return objective(batch, plan, with_comp)
+        return foco_losses(model, batch, plan, with_comp)
 
     def temperatures(_: int) -> dict:
         return {"tau_aggr": 1 / model.log_scale_aggr.exp().item(), "tau_comp": 1 / model.log_scale_comp.exp().item(),
@@ -127,6 +131,8 @@ def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainC
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch
         if env.enabled:
             return objective(edits.batch(rank_slice(idx, env)), edit={**kwargs, "env": env})
+        if objective is not None:  # compiled
+            return objective(edits.batch(idx), edit=kwargs)
         return edit_losses(model, edits.batch(idx), **kwargs)
 
     def optimizer() -> torch.optim.AdamW:
@@ -160,6 +166,9 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     objective = None
     if env.enabled:
         objective = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
+    if cfg.compile:  # the module is compiled, the weights stay `model`'s (saved and resumed as usual)
+        objective = torch.compile(objective if objective is not None else FoCoObjective(model), backend=cfg.compile,
+                                  dynamic=True)
     loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo", env=env,
                       plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
                       plot_title="FoCo training losses per step (stage 1, then stage 2" +
