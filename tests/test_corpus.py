@@ -54,8 +54,8 @@ def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
     # 2 ranks train on the shards' features
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
-    r = subprocess.run([torchrun, "--nproc_per_node", "2", "-m", "foco", "train", "--features", str(feats), "--in",
-                        pattern, "--decompositions", str(store), "--decomposer", "rule", "--out", str(tmp_path / "foco"),
+    r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "foco", "train", "--features",
+                        str(feats), "--in", pattern, "--decompositions", str(store), "--decomposer", "rule", "--out", str(tmp_path / "foco"),
                         "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "32"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import traceback
 from pathlib import Path
 
@@ -37,17 +36,24 @@ def _table(n: int = 64) -> PairTable:
     return PairTable(image, patches, text, tokens, mask, local, context)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _rendezvous(tmp_path: Path) -> str:
+    """A fresh file for the process group's rendezvous: no TCP port to race for between tests."""
+    import uuid
+    return str(tmp_path / f"rendezvous-{uuid.uuid4().hex}")
 
 
-def _init(rank: int, world: int, port: int, timeout_s: float = 60) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+def _init(rank: int, world: int, rendezvous: str, timeout_s: float = 60) -> None:
+    import datetime
+    import torch.distributed as dist
     torch.set_num_threads(1)
-    from foco.train.distributed import DistEnv, init_distributed
-    init_distributed(DistEnv(rank, world), "gloo", timeout_s)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def _finish(rank: int, world: int) -> None:
+    """Every rank leaves the process group together (a rank that exits first can abort in gloo's teardown)."""
+    from foco.train.distributed import DistEnv, shutdown
+    shutdown(DistEnv(rank, world))
 
 
 def _grads_single(stage: int, max_neg):
@@ -62,9 +68,9 @@ def _grads_single(stage: int, max_neg):
                                                        if p.grad is not None}
 
 
-def _grads_worker(rank: int, world: int, port: int, stage: int, max_neg, out: str) -> None:
+def _grads_worker(rank: int, world: int, rendezvous: str, stage: int, max_neg, out: str) -> None:
     try:
-        _init(rank, world, port)
+        _init(rank, world, rendezvous)
         from foco.train.distributed import DistEnv, mean_across
         from foco.train.foco import FoCoObjective, distributed_step
         torch.manual_seed(0)
@@ -79,6 +85,7 @@ def _grads_worker(rank: int, world: int, port: int, stage: int, max_neg, out: st
             from safetensors.torch import save_file
             save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
             Path(out + ".json").write_text(__import__("json").dumps(values))
+        _finish(rank, world)
     except Exception:
         traceback.print_exc()
         raise
@@ -89,7 +96,7 @@ def test_two_ranks_compute_the_single_process_losses_and_gradients(stage, max_ne
     import json
     from safetensors.torch import load_file
     out = str(tmp_path / "grads.safetensors")
-    mp.start_processes(_grads_worker, args=(2, _free_port(), stage, max_neg, out), nprocs=2, start_method="spawn")
+    mp.start_processes(_grads_worker, args=(2, _rendezvous(tmp_path), stage, max_neg, out), nprocs=2, start_method="spawn")
     want_losses, want = _grads_single(stage, max_neg)
     got, got_losses = load_file(out), json.loads(Path(out + ".json").read_text())
     assert set(got) == set(want)
@@ -111,9 +118,9 @@ CFG = FoCoTrainConfig(stage1_epochs=2, stage2_epochs=2, batch_size=16, lr_stage1
                       max_negatives=7, model=FoCoConfig(heads=4, learn_bias=True))
 
 
-def _train_worker(rank: int, world: int, port: int, out: str, resume: bool, die_at: int | None,
+def _train_worker(rank: int, world: int, rendezvous: str, out: str, resume: bool, die_at: int | None,
                   timeout_s: float) -> None:
-    _init(rank, world, port, timeout_s)
+    _init(rank, world, rendezvous, timeout_s)
 
     def on_step(step, losses):
         if die_at is not None and rank == 1 and step == die_at:
@@ -123,6 +130,7 @@ def _train_worker(rank: int, world: int, port: int, out: str, resume: bool, die_
     except Exception as exc:
         Path(f"{out}.rank{rank}.err").write_text(str(exc))
         raise
+    _finish(rank, world)
 
 
 def _weights(folder: Path) -> dict:
@@ -132,7 +140,7 @@ def _weights(folder: Path) -> dict:
 
 def test_a_short_two_rank_run_reaches_the_single_process_weights(tmp_path):
     train_foco(_table(128), tmp_path / "one", CFG)
-    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path / "two"), False, None, 60), nprocs=2,
+    mp.start_processes(_train_worker, args=(2, _rendezvous(tmp_path), str(tmp_path / "two"), False, None, 60), nprocs=2,
                        start_method="spawn")
     a, b = _weights(tmp_path / "one"), _weights(tmp_path / "two")
     for name in a:
@@ -143,8 +151,8 @@ def test_a_short_two_rank_run_reaches_the_single_process_weights(tmp_path):
 def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
     import time
     ctx = mp.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_train_worker, args=(r, 2, port, str(tmp_path / "cut"), False, 11, 20))
+    rendezvous = _rendezvous(tmp_path)
+    procs = [ctx.Process(target=_train_worker, args=(r, 2, rendezvous, str(tmp_path / "cut"), False, 11, 20))
              for r in range(2)]
     t0 = time.time()
     for p in procs:
@@ -157,9 +165,9 @@ def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
     assert "another rank stopped or did not answer" in message and "--resume" in message
     state = tmp_path / "cut" / "train_state"
     assert state.is_dir()
-    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path / "cut"), True, None, 60), nprocs=2,
+    mp.start_processes(_train_worker, args=(2, _rendezvous(tmp_path), str(tmp_path / "cut"), True, None, 60), nprocs=2,
                        start_method="spawn")
-    mp.start_processes(_train_worker, args=(2, _free_port(), str(tmp_path / "whole"), False, None, 60), nprocs=2,
+    mp.start_processes(_train_worker, args=(2, _rendezvous(tmp_path), str(tmp_path / "whole"), False, None, 60), nprocs=2,
                        start_method="spawn")
     a, b = _weights(tmp_path / "cut"), _weights(tmp_path / "whole")
     assert all(torch.equal(a[k], b[k]) for k in a)
@@ -193,8 +201,8 @@ def _p2w_grads(images: torch.Tensor, distributed: bool, rank: int = 0, world: in
     return loss, {n: p.grad.clone() for n, p in mapper.named_parameters()}
 
 
-def _p2w_worker(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+def _p2w_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
+    _init(rank, world, rendezvous)
     from foco.train.distributed import DistEnv, mean_across
     images = torch.randn(16, 256, generator=torch.Generator().manual_seed(9))
     loss, grads = _p2w_grads(images, True, rank, world)
@@ -203,6 +211,7 @@ def _p2w_worker(rank: int, world: int, port: int, out: str) -> None:
         from safetensors.torch import save_file
         save_file({k: v.contiguous() for k, v in grads.items()}, out)
         Path(out + ".json").write_text(__import__("json").dumps(value))
+    _finish(rank, world)
 
 
 def test_pic2word_on_two_ranks_matches_one_process(tmp_path):
@@ -210,7 +219,7 @@ def test_pic2word_on_two_ranks_matches_one_process(tmp_path):
     import json
     from safetensors.torch import load_file
     out = str(tmp_path / "p2w.safetensors")
-    mp.start_processes(_p2w_worker, args=(2, _free_port(), out), nprocs=2, start_method="spawn")
+    mp.start_processes(_p2w_worker, args=(2, _rendezvous(tmp_path), out), nprocs=2, start_method="spawn")
     images = torch.randn(16, 256, generator=torch.Generator().manual_seed(9))
     loss, want = _p2w_grads(images, False)
     got = load_file(out)
@@ -243,8 +252,8 @@ def _edit_batch(rows=None):
 EDIT_KW = dict(temperature=0.05, preserve_weight=0.3, use_negatives=True, image_weight=0.3)
 
 
-def _edit_worker(rank: int, world: int, port: int, out: str) -> None:
-    _init(rank, world, port)
+def _edit_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
+    _init(rank, world, rendezvous)
     from foco.train.distributed import DistEnv, mean_across
     from foco.train.foco import FoCoObjective
     torch.manual_seed(0)
@@ -258,6 +267,7 @@ def _edit_worker(rank: int, world: int, port: int, out: str) -> None:
         from safetensors.torch import save_file
         save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
         Path(out + ".json").write_text(__import__("json").dumps(values))
+    _finish(rank, world)
 
 
 def test_the_edit_stage_on_two_ranks_matches_one_process(tmp_path):
@@ -266,7 +276,7 @@ def test_the_edit_stage_on_two_ranks_matches_one_process(tmp_path):
     from safetensors.torch import load_file
     from foco.train.losses import edit_losses
     out = str(tmp_path / "edit.safetensors")
-    mp.start_processes(_edit_worker, args=(2, _free_port(), out), nprocs=2, start_method="spawn")
+    mp.start_processes(_edit_worker, args=(2, _rendezvous(tmp_path), out), nprocs=2, start_method="spawn")
     torch.manual_seed(0)
     model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
     losses = edit_losses(model, _edit_batch(), **EDIT_KW)

@@ -95,7 +95,7 @@ def _train(a: argparse.Namespace) -> int:
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
                           precision=a.precision, compile=a.compile)
     check_resume(a)
-    from ..train.distributed import env_from_torchrun, init_distributed
+    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
     table = build_pair_table(a.features, training_decompositions(a))
     from ..corpora.extract import is_corpus
@@ -108,6 +108,7 @@ def _train(a: argparse.Namespace) -> int:
         edits, match = edits.with_targets(parse_threshold(a.target_threshold))
         print(match.summary())
     train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits)
+    shutdown(env)
     if not env.is_main:
         return 0
     print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
@@ -146,9 +147,10 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     cache = FeatureCache(a.features)
     spec = a.backbone or cache.manifest["backbone"]
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
-    from ..train.distributed import env_from_torchrun, init_distributed
+    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun())  # torchrun --nproc_per_node N -m foco pic2word train ...
     train_pic2word(cache.images()[1].global_, create_backbone(spec), a.out, cfg, resume=True)
+    shutdown(env)
     if env.is_main:
         print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
     return 0

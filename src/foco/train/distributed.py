@@ -116,3 +116,13 @@ def rank_lost(exc: BaseException, env: DistEnv, timeout_s: float | None = None) 
     return RankLost(f"rank {env.rank} of {env.world_size}: another rank stopped or did not answer{within} ({first}); "
                     "the job stops here. Rerun the same torchrun command with --resume to continue from the last "
                     "finished epoch")
+
+
+def shutdown(env: DistEnv) -> None:
+    """Leaves the process group cleanly: every rank waits for the others, then the group is destroyed, so that no
+    rank exits while gloo's threads still serve a collective (which aborts the process at exit)."""
+    if env.enabled and dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
