@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.io import iter_batches
-from ..utils.progress import Bar
+from ..utils.progress import Bar, NoBar
 from .schema import Decomposer, Decomposition, caption_hash
 from .store import DecompositionStore
 
@@ -76,7 +76,7 @@ def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str |
         stats.already_done = len(distinct) - len(todo)
         t0 = time.perf_counter()
         with Bar(len(distinct), f"decompose ({decomposer.settings.get('name')})", initial=stats.already_done) \
-                if show_progress else _NoBar() as bar:
+                if show_progress else NoBar() as bar:
             for batch in iter_batches(todo, batch_size):
                 results: list[Decomposition] = decomposer.decompose_batch(batch)
                 if [d.caption for d in results] != batch:
@@ -89,13 +89,3 @@ def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str |
     stats.extra = dict(getattr(decomposer, "stats", {}) or {})
     return stats
 
-
-class _NoBar:
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def __enter__(self) -> "_NoBar":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass

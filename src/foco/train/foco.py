@@ -16,7 +16,7 @@ import torch
 
 from .data import PairTable
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
-from .distributed import DistEnv, RankLost, current, gather_rows, rank_lost, rank_slice
+from .distributed import DistEnv, current, gather_rows, rank_slice
 from .losses import Columns, foco_losses, local_columns, plan_negatives
 from ..model import ComposedQueryEncoder, FoCoConfig
 from ..utils.io import atomic_write_text
@@ -177,12 +177,7 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     phases = [_stage(model, table, cfg, gen, 1, env, objective), _stage(model, table, cfg, gen, 2, env, objective)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg, env, objective))
-    try:
-        run(model, phases, out, loop, rng, resume, gen, on_step)
-    except RuntimeError as exc:
-        if env.enabled and not isinstance(exc, RankLost):
-            raise rank_lost(exc, env) from exc
-        raise
+    run(model, phases, out, loop, rng, resume, gen, on_step)
     if not env.is_main:
         return model
     model.save(out)

@@ -22,8 +22,8 @@ from ..utils.checkpoint import STATE_JSON, has_training_state, load_training_sta
 from ..utils.io import read_json
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
-from ..utils.progress import Bar
-from .distributed import DistEnv, barrier, mean_across
+from ..utils.progress import Bar, NoBar
+from .distributed import DistEnv, RankLost, barrier, mean_across, rank_lost
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,19 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
         resume: bool = False, generator: torch.Generator | None = None, on_step: OnStep | None = None,
         on_epoch: Callable[[dict], None] | None = None) -> None:
     """Trains `model` through `phases` and leaves it in eval mode. `generator`, a torch RNG the steps draw from, is
-    saved and restored with the state. `on_epoch(record)` follows each epoch's log record."""
+    saved and restored with the state. `on_epoch(record)` follows each epoch's log record. Data-parallel, a rank
+    that loses the others raises `RankLost`, which says how to resume."""
+    try:
+        _run(model, phases, out, cfg, rng, resume, generator, on_step, on_epoch)
+    except RuntimeError as exc:
+        if cfg.env.enabled and not isinstance(exc, RankLost):
+            raise rank_lost(exc, cfg.env) from exc
+        raise
+
+
+def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopConfig, rng: np.random.Generator,
+         resume: bool, generator: torch.Generator | None, on_step: OnStep | None,
+         on_epoch: Callable[[dict], None] | None) -> None:
     out = Path(out)
     _check(phases, cfg)
     sizes = [p.n or cfg.n for p in phases]  # N of each phase
@@ -185,7 +197,7 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
     params = list(phase.clip_params() if phase.clip_params else (p for g in opt.param_groups for p in g["params"]))
     sums: dict[str, float] = {}
     log_: list[tuple[int, dict[str, float]]] = []
-    with (Bar(len(batches), desc) if cfg.env.is_main else _Quiet()) as bar:
+    with (Bar(len(batches), desc) if cfg.env.is_main else NoBar()) as bar:
         for idx, step in zip(batches, schedule):
             factor = lr_factor(step, schedule.stop, cfg.warmup_frac)
             for g in opt.param_groups:
@@ -228,15 +240,3 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
         plot_losses(out / "loss_curve.png", recs, cfg.plot_keys, title=cfg.plot_title, phase_key=phase_key)
     barrier(cfg.env)
 
-
-class _Quiet:
-    """No progress bar (ranks other than 0)."""
-
-    def update(self, n: int = 1) -> None:
-        pass
-
-    def __enter__(self) -> "_Quiet":
-        return self
-
-    def __exit__(self, *exc) -> None:
-        pass

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
-from .distributed import DistEnv, RankLost, current, gather_rows, rank_lost, rank_slice
+from .distributed import DistEnv, current, gather_rows, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
 
 
@@ -97,13 +97,8 @@ def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, ou
 
     phase = Phase(cfg.epochs, lambda: torch.optim.AdamW(mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                   step, record=lambda steps: {"steps": steps, "temperature": tau})
-    try:
-        run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word",
-                                             env=env), rng, resume)
-    except RuntimeError as exc:
-        if env.enabled and not isinstance(exc, RankLost):
-            raise rank_lost(exc, env) from exc
-        raise
+    run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word",
+                                         env=env), rng, resume)
     if not env.is_main:
         return mapper
     mapper.save(out, {"backbone": backbone.spec, "train": {k: v for k, v in asdict(cfg).items() if k != "model"}})

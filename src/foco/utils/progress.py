@@ -8,6 +8,22 @@ T = TypeVar("T")
 log = logging.getLogger("foco")
 
 
+class NoBar:
+    """A bar that shows nothing (a quiet job, or a rank other than 0)."""
+
+    def update(self, n: int = 1) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def __enter__(self) -> "NoBar":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
 class Bar:
     """A counter with a visible bar: `update(n)` as work finishes, `close()` at the end (or use `with`)."""
 
