@@ -67,20 +67,85 @@ def current() -> DistEnv:
 
 
 def gather_rows(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
-    """Concatenates every rank's (b, ...) tensor along dim 0 in rank order -> (N * b, ...); no gradient. Ranks may
-    differ in dim 1 (token length): shorter ones are zero-padded to the longest."""
+    """Concatenates every rank's (b_r, ...) tensor along dim 0 in rank order -> (sum b_r, ...); no gradient (for
+    cached features). Ranks may hold different row counts, and differ in dim 1 (token length): shorter ones are
+    zero-padded to the longest for the collective; the padding rows are cut off again, the padded length stays."""
     if not env.enabled:
         return t
     t = t.detach().contiguous()
+    sizes = torch.zeros(env.world_size + 1, dtype=torch.long)  # each rank's rows, then the longest dim 1
+    sizes[env.rank] = t.shape[0]
+    sizes[-1] = t.shape[1] if t.ndim >= 2 else 0
+    dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
+    counts, rows, length = sizes[:-1].tolist(), int(sizes[:-1].max()), int(sizes[-1])
+    pad = [0, 0] * (t.ndim - 1) + [0, rows - t.shape[0]]
     if t.ndim >= 2:
-        length = torch.tensor([t.shape[1]])
-        dist.all_reduce(length, op=dist.ReduceOp.MAX)
-        if int(length) > t.shape[1]:
-            pad = [0, 0] * (t.ndim - 2) + [0, int(length) - t.shape[1]]
-            t = torch.nn.functional.pad(t, pad)
+        pad[-3] = length - t.shape[1]
+    if any(pad):
+        t = torch.nn.functional.pad(t, pad)
     parts = [torch.empty_like(t) for _ in range(env.world_size)]
     dist.all_gather(parts, t)
-    return torch.cat(parts, 0)
+    return torch.cat([part[:n] for part, n in zip(parts, counts)])
+
+
+def gather_with_grad(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """Concatenates every rank's (b_r, ...) tensor along dim 0 in rank order -> (sum b_r, ...), with gradient: for
+    outputs of the trained model (queries, pseudo-word texts). The backward hands each rank the gradient of every
+    rank's loss with respect to its own rows, so that, with DDP's average over ranks, each rank's loss must be its
+    rows' share of the global mean (`share`). Ranks may hold different row counts (zero-padded for the collective,
+    the padding cut off again)."""
+    if not env.enabled:
+        return t
+    import torch.distributed.nn.functional as dist_nn
+    counts = torch.zeros(env.world_size, dtype=torch.long)
+    counts[env.rank] = t.shape[0]
+    dist.all_reduce(counts)
+    most = int(counts.max())
+    padded = torch.nn.functional.pad(t, [0, 0] * (t.ndim - 1) + [0, most - t.shape[0]]) if most > t.shape[0] else t
+    parts = dist_nn.all_gather(padded.contiguous())
+    return torch.cat([part[:int(n)] for part, n in zip(parts, counts)])
+
+
+def row_offset(rows: int, env: DistEnv) -> int:
+    """Where this rank's `rows` start in the rank-ordered concatenation of every rank's rows."""
+    if not env.enabled:
+        return 0
+    counts = torch.zeros(env.world_size, dtype=torch.long)
+    counts[env.rank] = rows
+    dist.all_reduce(counts)
+    return int(counts[:env.rank].sum())
+
+
+def total_across(n: int, env: DistEnv, op: str = "sum") -> int:
+    """The sum (or "min", "max") of an integer over ranks."""
+    if not env.enabled:
+        return n
+    t = torch.tensor([n], dtype=torch.long)
+    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
+    return int(t)
+
+
+class Objective(torch.nn.Module):
+    """A trained module whose training losses are computed inside `forward`, so that DDP's reducer sees them:
+    `Objective(model)(lambda: losses)` returns the closure's losses. The closure uses `model` (the submodule), whose
+    trainable parameters DDP registers when it wraps this."""
+
+    def __init__(self, model: torch.nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, losses):  # losses: () -> {name: scalar}
+        return losses()
+
+
+def data_parallel(model: torch.nn.Module, env: DistEnv):
+    """`model`'s losses under DDP (an `Objective` wrapped) when `env` has several ranks; the plain `Objective`
+    otherwise. Only the parameters that require a gradient when this is called are registered, so a trainer whose
+    phases train different parts wraps again at each phase."""
+    objective = Objective(model)
+    if not env.enabled:
+        return objective
+    return torch.nn.parallel.DistributedDataParallel(objective, find_unused_parameters=True)
 
 
 def mean_across(values: dict[str, float], env: DistEnv) -> dict[str, float]:
@@ -96,6 +161,14 @@ def mean_across(values: dict[str, float], env: DistEnv) -> dict[str, float]:
 def barrier(env: DistEnv) -> None:
     if env.enabled:
         dist.barrier()
+
+
+def rank_chunk(rows: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """This rank's contiguous part of `rows` when their count need not divide by N (`torch.tensor_split`: the
+    first ranks take one more)."""
+    if not env.enabled:
+        return rows
+    return torch.tensor_split(rows, env.world_size)[env.rank]
 
 
 def rank_slice(idx: torch.Tensor, env: DistEnv) -> torch.Tensor:

@@ -131,28 +131,10 @@ def edit_losses(model: ComposedQueryEncoder, batch: "EditBatch", temperature: fl
     images and target images are cached features, gathered without gradient; the queries come out of the trained
     model and are gathered with it (the T h^T direction needs every rank's queries). Each term is this rank's rows'
     share of the global batch's mean, so that DDP's average over ranks is the one-process gradient."""
-    from .distributed import DistEnv, gather_rows
-    env = env or DistEnv()
     h = model.encode(batch.reference, batch.instruction).query  # (b, D), normalised
-    b = h.shape[0]
-    if not env.enabled:
-        compose = compose_loss(h, batch.target, batch.negatives if use_negatives else None, batch.negative_mask,
-                               temperature)
-        preserve = info_nce(h, F.normalize(batch.reference.global_, dim=-1), temperature)
-    else:
-        import torch.distributed.nn.functional as dist_nn
-        labels = torch.arange(b) + env.rank * b
-        targets = gather_rows(batch.target, env)  # (B, D)
-        queries = torch.cat(dist_nn.all_gather(h.contiguous()))  # (B, D), with gradient
-        to_targets = h @ targets.t() / temperature  # (b, B)
-        candidates = to_targets
-        if use_negatives:
-            neg = torch.einsum("bd,bkd->bk", h, batch.negatives) / temperature  # (b, Kn)
-            candidates = torch.cat([to_targets, neg.masked_fill(~batch.negative_mask, float("-inf"))], 1)
-        compose = 0.5 * (F.cross_entropy(candidates, labels) +
-                         F.cross_entropy(batch.target @ queries.t() / temperature, labels))
-        sources = gather_rows(F.normalize(batch.reference.global_, dim=-1), env)  # (B, D)
-        preserve = F.cross_entropy(h @ sources.t() / temperature, labels)
+    compose = compose_loss(h, batch.target, batch.negatives if use_negatives else None, batch.negative_mask,
+                           temperature, env)
+    preserve = info_nce(h, F.normalize(batch.reference.global_, dim=-1), temperature, env)
     out = {"compose": compose, "preserve": preserve, "loss": compose + preserve_weight * preserve}
     if image_weight > 0:
         term = _target_image_loss(h, batch, temperature, env)
@@ -164,6 +146,8 @@ def edit_losses(model: ComposedQueryEncoder, batch: "EditBatch", temperature: fl
 
 def _target_image_loss(h: torch.Tensor, batch: "EditBatch", temperature: float, env) -> torch.Tensor | None:
     """L_image over the triplets with a retrieved target image; None when the (global) batch has none."""
+    from .distributed import DistEnv
+    env = env or DistEnv()
     if not env.enabled:
         if not bool(batch.has_target_image.any()):
             return None
@@ -185,22 +169,41 @@ def _target_image_loss(h: torch.Tensor, batch: "EditBatch", temperature: float, 
     return ce * env.world_size / total  # this rank's share of the global mean, as DDP averages over ranks
 
 
-def info_nce(query: torch.Tensor, keys: torch.Tensor, temperature: float) -> torch.Tensor:
-    """CE(query keys^T / tau, b): query b's positive is key b; both (B, D) normalised."""
-    return F.cross_entropy(query @ keys.t() / temperature, torch.arange(query.shape[0]))
+def info_nce(query: torch.Tensor, keys: torch.Tensor, temperature: float, env=None) -> torch.Tensor:
+    """CE(query keys^T / tau, b): query b's positive is key b; both (B, D) normalised.
+
+    Data-parallel (`env`), the rows are this rank's and the keys, cached features, are gathered without gradient;
+    the result is this rank's share of the global mean (`foco.train.distributed`)."""
+    if env is None or not env.enabled:
+        return F.cross_entropy(query @ keys.t() / temperature, torch.arange(query.shape[0]))
+    from .distributed import gather_rows, row_offset
+    labels = torch.arange(query.shape[0]) + row_offset(query.shape[0], env)
+    return F.cross_entropy(query @ gather_rows(keys, env).t() / temperature, labels)
 
 
 def compose_loss(query: torch.Tensor, target: torch.Tensor, negatives: torch.Tensor | None,
-                 negative_mask: torch.Tensor | None, temperature: float) -> torch.Tensor:
-    """Symmetric InfoNCE of B queries (B, D) against their target captions (B, D); with `negatives` (B, Kn, D)
+                 negative_mask: torch.Tensor | None, temperature: float, env=None) -> torch.Tensor:
+    """Symmetric InfoNCE of B queries (B, D) against their targets (B, D); with `negatives` (B, Kn, D)
     (valid where `negative_mask` (B, Kn)), each query's own negative captions join its candidates:
 
         [CE(q T^T / tau ++ q.negatives_b / tau, b) + CE(T q^T / tau, b)] / 2
-    """
-    labels = torch.arange(query.shape[0])
-    to_targets = query @ target.t() / temperature  # (B, B)
+
+    Data-parallel (`env`), the rows are this rank's b of the global B: the targets (cached features) are gathered
+    without gradient, the queries (the trained model's output) with it, because the T q^T direction scores this
+    rank's targets against every rank's queries. Each rank returns its rows' mean; with equal b per rank, DDP's
+    average over ranks is the one-process gradient."""
+    b = query.shape[0]
+    if env is None or not env.enabled:
+        labels = torch.arange(b)
+        targets, queries = target, None
+    else:
+        from .distributed import gather_rows, gather_with_grad, row_offset
+        labels = torch.arange(b) + row_offset(b, env)
+        targets, queries = gather_rows(target, env), gather_with_grad(query, env)  # (B, D), (B, D) with grad
+    to_targets = query @ targets.t() / temperature  # (b, B)
     candidates = to_targets
     if negatives is not None:
-        neg = torch.einsum("bd,bkd->bk", query, negatives) / temperature  # (B, Kn)
-        candidates = torch.cat([to_targets, neg.masked_fill(~negative_mask, float("-inf"))], 1)  # (B, B + Kn)
-    return 0.5 * (F.cross_entropy(candidates, labels) + F.cross_entropy(to_targets.t(), labels))
+        neg = torch.einsum("bd,bkd->bk", query, negatives) / temperature  # (b, Kn)
+        candidates = torch.cat([to_targets, neg.masked_fill(~negative_mask, float("-inf"))], 1)  # (b, B + Kn)
+    reverse = to_targets.t() if queries is None else target @ queries.t() / temperature  # (b, B)
+    return 0.5 * (F.cross_entropy(candidates, labels) + F.cross_entropy(reverse, labels))

@@ -23,6 +23,11 @@ and the schedule (appendix Table 5), not their formulas. The choices made here:
   0 by default, as in the full model);
 * the temperature is the backbone's own (CLIP's learned one), as Pic2Word's.
 Chord scoring (`foco eval --chord`) applies at inference, as the seed does.
+
+Data-parallel under torchrun (`foco.train.distributed`): each rank takes B/N triplets (or images) of the global
+batch. The targets, negatives and images are cached features, gathered without gradient; the queries and the
+pseudo-word texts come out of the trained composer and are gathered with it. L_preserve's distinct source images
+are those of the global batch, split over the ranks.
 """
 from __future__ import annotations
 
@@ -37,6 +42,7 @@ from ..backbones.tunable import TextTuneConfig, tunable_text
 from ..methods.composer import TextComposer, build_mapper
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
 from .edit_data import EditTable
+from .distributed import DistEnv, current, data_parallel, rank_chunk, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
 from .losses import compose_loss, info_nce
 from .pic2word import backbone_temperature, pic2word_loss
@@ -85,6 +91,41 @@ def build_composer(method: str, mapper_kind: str, model_cfg: Pic2WordConfig, tex
     return TextComposer(method, mapper_kind, mapper, tunable_text(backbone, text_cfg))
 
 
+def identity_losses(composer: TextComposer, images: torch.Tensor, idx: torch.Tensor, tau: float,
+                    env: DistEnv = DistEnv()) -> Losses:
+    """The warm-up: Pic2Word's objective on the images `idx` (B,) of `images` (N, D) normalised. Data-parallel,
+    this rank's B/N rows against the global batch."""
+    v = images[rank_slice(idx, env)]  # (b, D)
+    return {"loss": pic2word_loss(v, composer(v, None, None), tau, env)}
+
+
+def joint_losses(composer: TextComposer, edits: EditTable, images: torch.Tensor, idx: torch.Tensor,
+                 cfg: PACTTrainConfig, tau: float, env: DistEnv = DistEnv()) -> Losses:
+    """L_compose, L_preserve and L_visual (module docstring) of the triplets `idx` (B,), the global batch;
+    data-parallel, this rank's B/N triplets, and its part of the global batch's distinct source images."""
+    b = edits.batch(rank_slice(idx, env))  # this rank's b triplets
+    v = F.normalize(b.reference.global_, dim=-1)  # (b, D)
+    out: Losses = {}
+    loss = torch.zeros(())
+    if cfg.compose_weight > 0 or cfg.visual_weight > 0:
+        q = composer(v, None, b.texts)  # (b, D)
+        if cfg.compose_weight > 0:
+            out["compose"] = compose_loss(q, b.target, b.negatives if cfg.negatives else None, b.negative_mask, tau,
+                                          env)
+            loss = loss + cfg.compose_weight * out["compose"]
+        if cfg.visual_weight > 0:
+            out["visual"] = info_nce(q, v, tau, env)
+            loss = loss + cfg.visual_weight * out["visual"]
+    if cfg.preserve_weight > 0:
+        # the global batch's distinct source images, split over the ranks (their count need not divide)
+        rows = rank_chunk(torch.unique(edits.source[idx]), env)
+        u = images[rows]  # (U_r, D)
+        out["preserve"] = pic2word_loss(u, composer(u, None, None), tau, env)
+        loss = loss + cfg.preserve_weight * out["preserve"]
+    out["loss"] = loss
+    return out
+
+
 def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig | None = None,
                resume: bool = False, meta: dict | None = None) -> TextComposer:
     """Trains PACT on the triplets of `edits` with `backbone`'s text tower; writes `out`/composer.json,
@@ -102,31 +143,14 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
     images = F.normalize(edits.image_global.float(), dim=-1)  # (N, D)
     n_images = images.shape[0]
 
-    def identity(idx: torch.Tensor) -> Losses:  # idx (B,) image rows
-        v = images[idx]  # (B, D)
-        return {"loss": pic2word_loss(v, composer(v, None, None), tau)}
+    env = current()  # data-parallel under torchrun (`foco.train.distributed`)
+    objective = data_parallel(composer, env)  # both phases train the mapper and the tower's trainable part
 
-    def joint(idx: torch.Tensor) -> Losses:  # idx (B,) triplet rows
-        b = edits.batch(idx)
-        v = F.normalize(b.reference.global_, dim=-1)  # (B, D)
-        out: Losses = {}
-        loss = torch.zeros(())
-        if cfg.compose_weight > 0 or cfg.visual_weight > 0:
-            q = composer(v, None, b.texts)  # (B, D)
-            if cfg.compose_weight > 0:
-                out["compose"] = compose_loss(q, b.target, b.negatives if cfg.negatives else None, b.negative_mask,
-                                              tau)
-                loss = loss + cfg.compose_weight * out["compose"]
-            if cfg.visual_weight > 0:
-                out["visual"] = info_nce(q, v, tau)
-                loss = loss + cfg.visual_weight * out["visual"]
-        if cfg.preserve_weight > 0:
-            rows = torch.unique(edits.source[idx])  # the batch's distinct source images
-            u = images[rows]  # (U, D)
-            out["preserve"] = pic2word_loss(u, composer(u, None, None), tau)
-            loss = loss + cfg.preserve_weight * out["preserve"]
-        out["loss"] = loss
-        return out
+    def identity(idx: torch.Tensor) -> Losses:  # idx (B,) image rows, the global batch
+        return objective(lambda: identity_losses(composer, images, idx, tau, env))
+
+    def joint(idx: torch.Tensor) -> Losses:  # idx (B,) triplet rows, the global batch
+        return objective(lambda: joint_losses(composer, edits, images, idx, cfg, tau, env))
 
     def joint_optimizer() -> torch.optim.AdamW:
         return torch.optim.AdamW([{"params": list(composer.mapper.parameters()), "lr": cfg.lr_mapper},
@@ -143,8 +167,10 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
     loop = LoopConfig(len(edits), min(cfg.batch_size, len(edits), n_images), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
                       plot_title="PACT training losses per step (identity warm-up, then joint)",
-                      identity={"backbone": backbone.spec})
+                      identity={"backbone": backbone.spec}, env=env)
     run(composer, phases, out, loop, rng, resume)
+    if not env.is_main:
+        return composer
     composer.save(out, {"backbone": backbone.spec, "temperature": tau,
                         "train": {k: v for k, v in asdict(cfg).items() if k not in ("model", "text")}, **(meta or {})})
     return composer

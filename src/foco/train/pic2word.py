@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
-from .distributed import DistEnv, current, gather_rows, rank_slice
+from .distributed import DistEnv, current, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
 
 
@@ -35,11 +35,24 @@ def backbone_temperature(backbone: object) -> float:
     return float(1.0 / scale.detach().exp().clamp(max=100.0)) if scale is not None else 0.07
 
 
-def pic2word_loss(image_global: torch.Tensor, text_global: torch.Tensor, temperature: float) -> torch.Tensor:
-    """Symmetric InfoNCE between B images and the B texts built from their pseudo words; both (B, D) normalised."""
-    logits = image_global @ text_global.t() / temperature  # (B, B)
-    labels = torch.arange(logits.shape[0])
-    return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
+def pic2word_loss(image_global: torch.Tensor, text_global: torch.Tensor, temperature: float, env=None
+                  ) -> torch.Tensor:
+    """Symmetric InfoNCE between B images and the B texts built from their pseudo words; both (B, D) normalised.
+
+    Data-parallel (`env`), the rows are this rank's: the images (cached features) are gathered without gradient,
+    the texts (out of the trained mapper) with it. Each rank returns its rows' share of the global mean, so that
+    DDP's average over ranks is the one-process gradient; ranks may hold different row counts."""
+    if env is None or not env.enabled:
+        logits = image_global @ text_global.t() / temperature  # (B, B)
+        labels = torch.arange(logits.shape[0])
+        return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
+    from .distributed import gather_rows, gather_with_grad, row_offset, total_across
+    b = image_global.shape[0]
+    texts, images = gather_with_grad(text_global, env), gather_rows(image_global, env)  # (B, D) each
+    labels = torch.arange(b) + row_offset(b, env)
+    total = 0.5 * (F.cross_entropy(image_global @ texts.t() / temperature, labels, reduction="sum") +
+                   F.cross_entropy(text_global @ images.t() / temperature, labels, reduction="sum"))
+    return total * env.world_size / total_across(b, env) + 0.0 * texts.sum()  # joins the graph when b = 0
 
 
 class Pic2WordObjective(torch.nn.Module):
@@ -60,16 +73,7 @@ class Pic2WordObjective(torch.nn.Module):
     def forward(self, v: torch.Tensor, env: DistEnv) -> Losses:  # v (b, D), this rank's images
         text = self.backbone.encode_texts_with_tokens([self.prompt] * v.shape[0], self.mapper(v),
                                                       self.placeholder).global_  # (b, D)
-        v = F.normalize(v, dim=-1)
-        if not env.enabled:
-            return {"loss": pic2word_loss(v, text, self.tau)}
-        import torch.distributed.nn.functional as dist_nn
-        texts = torch.cat(dist_nn.all_gather(text.contiguous()))  # (B, D), with gradient
-        images = gather_rows(v, env)  # (B, D)
-        labels = torch.arange(v.shape[0]) + env.rank * v.shape[0]
-        loss = 0.5 * (F.cross_entropy(v @ texts.t() / self.tau, labels) +
-                      F.cross_entropy(text @ images.t() / self.tau, labels))
-        return {"loss": loss}
+        return {"loss": pic2word_loss(F.normalize(v, dim=-1), text, self.tau, env)}
 
 
 def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,

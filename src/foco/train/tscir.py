@@ -18,6 +18,11 @@ each ITT triplet's target caption is retrieved among the corpus images with a si
 
 The seed names the modules and objectives but not their forms; the forms above are the choices, and `soft_weight`
 and the threshold are options.
+
+Data-parallel under torchrun (`foco.train.distributed`): each rank takes B/N rows of the global batch; captions and
+target images are cached features, gathered without gradient; the pseudo-word texts and the queries come out of
+the trained composer and are gathered with it. Each stage wraps the composer in DDP when it starts, after choosing
+which parameters train.
 """
 from __future__ import annotations
 
@@ -32,7 +37,9 @@ from ..backbones.tunable import TextTuneConfig
 from ..methods.composer import TextComposer
 from ..methods.pic2word import Pic2WordConfig
 from .edit_data import EditTable
+from .distributed import DistEnv, current, data_parallel, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+from .losses import compose_loss
 from .pact import build_composer
 from .pic2word import backbone_temperature, pic2word_loss
 from .targets import TargetMatch
@@ -59,12 +66,55 @@ class TSCIRTrainConfig:
     text: TextTuneConfig = field(default_factory=TextTuneConfig)
 
 
-def soft_alignment(prompt: torch.Tensor, caption: torch.Tensor, temperature: float, soft_temperature: float
-                   ) -> torch.Tensor:
-    """KL(p || q) averaged over the batch; prompt and caption (B, D) normalised (module docstring)."""
-    p = F.softmax(caption @ caption.t() / soft_temperature, dim=1)  # (B, B)
-    log_q = F.log_softmax(prompt @ caption.t() / temperature, dim=1)  # (B, B)
+def soft_alignment(prompt: torch.Tensor, caption: torch.Tensor, temperature: float, soft_temperature: float,
+                   env=None) -> torch.Tensor:
+    """KL(p || q) averaged over the batch; prompt and caption (B, D) normalised (module docstring).
+
+    Data-parallel (`env`), the rows are this rank's: every row's distributions run over the global batch's captions
+    (cached features, gathered without gradient), and the rank's mean over its rows is its share of the global
+    mean."""
+    from .distributed import gather_rows
+    keys = gather_rows(caption, env) if env is not None and env.enabled else caption  # (B, D)
+    p = F.softmax(caption @ keys.t() / soft_temperature, dim=1)  # (b, B)
+    log_q = F.log_softmax(prompt @ keys.t() / temperature, dim=1)  # (b, B)
     return F.kl_div(log_q, p, reduction="batchmean")
+
+
+@dataclass
+class MappingData:
+    """Stage 1's examples: each source image once, with its caption."""
+
+    images: torch.Tensor  # (N, D) normalised globals
+    patches: torch.Tensor  # (N, P, D) storage dtype
+    captions: torch.Tensor  # (Nt, D) normalised text globals
+    image_rows: torch.Tensor  # (S,) long
+    caption_rows: torch.Tensor  # (S,) long: the caption of each
+
+    def __len__(self) -> int:
+        return self.image_rows.shape[0]
+
+
+def mapping_losses(composer: TextComposer, data: MappingData, idx: torch.Tensor, cfg: TSCIRTrainConfig, tau: float,
+                   env: DistEnv = DistEnv()) -> Losses:
+    """L_map + soft_weight L_soft on the examples `idx` (B,), the global batch; data-parallel, this rank's B/N."""
+    mine = rank_slice(idx, env)  # (b,)
+    rows = data.image_rows[mine]
+    v, patches = data.images[rows], data.patches[rows].float()  # (b, D), (b, P, D)
+    c = data.captions[data.caption_rows[mine]]  # (b, D)
+    t = composer.text(composer.prompts(None, len(mine)), composer.mapper(v, patches), composer.cfg.placeholder)
+    out = {"map": pic2word_loss(v, t, tau, env)}
+    if cfg.soft_weight > 0:
+        out["soft"] = soft_alignment(t, c, tau, cfg.soft_temperature, env)
+    out["loss"] = out["map"] + cfg.soft_weight * out.get("soft", 0.0)
+    return out
+
+
+def composing_losses(composer: TextComposer, kept: EditTable, idx: torch.Tensor, tau: float,
+                     env: DistEnv = DistEnv()) -> Losses:
+    """L_comp on the synthetic triplets `idx` (B,), the global batch; data-parallel, this rank's B/N."""
+    b = kept.batch(rank_slice(idx, env))
+    q = composer(b.reference.global_, b.reference.patches, b.texts)  # (b, D)
+    return {"loss": compose_loss(q, b.target_image, None, None, tau, env)}
 
 
 def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConfig | None = None,
@@ -85,8 +135,7 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
     first = {}
     for s, c in zip(edits.source.tolist(), edits.source_caption.tolist()):
         first.setdefault(s, c)
-    img_rows = torch.tensor(list(first))  # (S,)
-    cap_rows = torch.tensor(list(first.values()))  # (S,)
+    data = MappingData(images, edits.patches, captions, torch.tensor(list(first)), torch.tensor(list(first.values())))
     # stage 2 data: triplets with a retrieved target image
     targeted, match = edits.with_targets(cfg.threshold)
     kept = targeted.subset(match.kept)
@@ -98,41 +147,37 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
     if len(kept) < 2:
         raise ValueError(f"{match.summary()}: too few synthetic triplets for stage 2; lower --target-threshold")
 
-    def mapping(idx: torch.Tensor) -> Losses:  # idx (B,) rows of img_rows
-        rows = img_rows[idx]
-        v, patches, c = images[rows], edits.patches[rows].float(), captions[cap_rows[idx]]  # (B, D), (B, P, D)
-        t = composer.text(composer.prompts(None, len(idx)), composer.mapper(v, patches), composer.cfg.placeholder)
-        out = {"map": pic2word_loss(v, t, tau)}
-        if cfg.soft_weight > 0:
-            out["soft"] = soft_alignment(t, c, tau, cfg.soft_temperature)
-        out["loss"] = out["map"] + cfg.soft_weight * out.get("soft", 0.0)
-        return out
+    env = current()  # data-parallel under torchrun (`foco.train.distributed`)
+    objective = {}  # the phase's DDP wrapper: the stages train different parts, so each wraps its own
 
-    def composing(idx: torch.Tensor) -> Losses:  # idx (B,) rows of kept
-        b = kept.batch(idx)
-        q = composer(b.reference.global_, b.reference.patches, b.texts)  # (B, D)
-        logits = q @ b.target_image.t() / tau  # (B, B)
-        labels = torch.arange(len(idx))
-        return {"loss": 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))}
+    def mapping(idx: torch.Tensor) -> Losses:  # idx (B,) rows of the mapping data, the global batch
+        return objective["ddp"](lambda: mapping_losses(composer, data, idx, cfg, tau, env))
+
+    def composing(idx: torch.Tensor) -> Losses:  # idx (B,) rows of kept, the global batch
+        return objective["ddp"](lambda: composing_losses(composer, kept, idx, tau, env))
 
     def stage1_opt() -> torch.optim.AdamW:
         composer.text.requires_grad_(False)  # the frozen text tower: only the mapper learns to map
+        objective["ddp"] = data_parallel(composer, env)
         return torch.optim.AdamW(composer.mapper.parameters(), lr=cfg.lr_stage1, weight_decay=cfg.weight_decay)
 
     def stage2_opt() -> torch.optim.AdamW:
         composer.mapper.requires_grad_(False)
         for name, p in composer.text.named_parameters():
             p.requires_grad_(composer.text.cfg.kind == "world-head" or "lora_" in name)
+        objective["ddp"] = data_parallel(composer, env)
         return torch.optim.AdamW([p for p in composer.text.parameters() if p.requires_grad], lr=cfg.lr_stage2,
                                  weight_decay=cfg.weight_decay)
 
-    phases = [Phase(cfg.stage1_epochs, stage1_opt, mapping, tag={"stage": "mapping"}, n=len(img_rows)),
+    phases = [Phase(cfg.stage1_epochs, stage1_opt, mapping, tag={"stage": "mapping"}, n=len(data)),
               Phase(cfg.stage2_epochs, stage2_opt, composing, tag={"stage": "composing"}, n=len(kept))]
-    loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(img_rows)), cfg.warmup_frac, cfg.grad_clip,
+    loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(data)), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
                       plot_title="TSCIR training losses per step (mapping, then composing)",
-                      identity={"backbone": backbone.spec})
+                      identity={"backbone": backbone.spec}, env=env)
     run(composer, phases, out, loop, rng, resume)
+    if not env.is_main:
+        return composer, match
     composer.save(out, {"backbone": backbone.spec, "temperature": tau,
                         "targets": {"threshold": match.threshold, "triplets": len(edits),
                                     "with_target": int(match.kept.sum()), "trained_on": len(kept)},

@@ -1,0 +1,124 @@
+"""PACT and TSCIR data-parallel (issue 15): every phase's losses and gradients on 2 gloo ranks equal one process's
+on the same global batch of 16. The composers' texts come out of the trained tower, so the ranks gather them with
+their gradient; PACT's L_preserve splits the global batch's distinct source images (an odd count here) over ranks.
+
+The one-process reference runs the text tower on the ranks' halves of each call: MiniLM's numerics depend on the
+batch's padded length, so only the same split can match to 1e-5 (the rest, mapper and losses, sees the whole batch).
+Dropout is off in both, because each rank draws its own masks."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+import torch.nn.functional as F
+
+from test_distributed import _finish, _init, _rendezvous
+
+# a global batch of 16 triplets (two per source image) with 9 distinct sources, an odd count; sources 0 and 4 are
+# on both ranks' halves, so that the distinct sources must be those of the global batch, not each rank's
+IDX = torch.tensor([0, 2, 3, 4, 5, 6, 7, 8, 1, 9, 10, 11, 12, 13, 14, 40])
+
+
+def _table():
+    """64 triplets over 32 spread images (two per source); each has a target caption (whose feature is another
+    image, so that TSCIR retrieves it as the target) and two negative captions."""
+    from foco.train.edit_data import EditTable
+    D, P, n, T = 256, 64, 32, 64
+    g = torch.Generator().manual_seed(0)
+    images = F.normalize(torch.randn(n, D, generator=g), dim=-1)
+    extra = F.normalize(torch.randn(8, D, generator=g), dim=-1)  # negative captions
+    texts = torch.cat([images, extra])
+    source = torch.arange(T) // 2
+    negatives = torch.stack([n + torch.arange(T) % 8, n + (torch.arange(T) + 3) % 8], 1)
+    words = ["left", "right", "up", "down", "red", "blue"]
+    return EditTable(images, torch.randn(n, P, D, generator=g), texts, torch.zeros(n + 8, 1, D),
+                     torch.ones(n + 8, 1, dtype=torch.bool), source, source, (source + 1) % n, negatives,
+                     [f"move it {words[t % 6]} {t}" for t in range(T)], source, torch.full((T,), -1))
+
+
+def _setup(kind: str):
+    from foco import create_backbone
+    from foco.train.pact import PACTTrainConfig, build_composer
+    from foco.train.tscir import TSCIRTrainConfig
+    backbone = create_backbone("world:pretrained")
+    cfg = PACTTrainConfig(visual_weight=0.5) if kind.startswith("pact") else TSCIRTrainConfig()
+    torch.manual_seed(0)
+    table = _table()
+    composer = build_composer(kind.split("-")[0], "pic2word" if kind.startswith("pact") else "vsi", cfg.model,
+                              cfg.text, backbone, 256, patch_dim=256)
+    composer.eval()
+    return composer, table, cfg
+
+
+def _losses(kind: str, composer, table, cfg, env):
+    from foco.train.pact import identity_losses, joint_losses
+    from foco.train.tscir import MappingData, composing_losses, mapping_losses
+    images = F.normalize(table.image_global, dim=-1)
+    if kind == "pact-identity":
+        return identity_losses(composer, images, IDX % 32, 0.07, env)
+    if kind == "pact-joint":
+        return joint_losses(composer, table, images, IDX, cfg, 0.07, env)
+    if kind == "tscir-mapping":
+        data = MappingData(images, table.patches, F.normalize(table.text_global, dim=-1), torch.arange(32),
+                           (torch.arange(32) + 1) % 32)
+        return mapping_losses(composer, data, IDX % 32, cfg, 0.07, env)
+    kept = table.with_targets(0.99)[0]
+    return composing_losses(composer, kept, IDX, 0.07, env)
+
+
+def _grads(composer) -> dict[str, torch.Tensor]:
+    return {n: p.grad.clone() for n, p in composer.named_parameters() if p.grad is not None}
+
+
+def _worker(rank: int, world: int, rendezvous: str, kind: str, out: str) -> None:
+    _init(rank, world, rendezvous)
+    from foco.train.distributed import DistEnv, data_parallel, mean_across
+    env = DistEnv(rank, world)
+    composer, table, cfg = _setup(kind)
+    if kind == "tscir-composing":
+        composer.mapper.requires_grad_(False)  # stage 2 trains the tower alone
+    objective = data_parallel(composer, env)
+    losses = objective(lambda: _losses(kind, composer, table, cfg, env))
+    losses["loss"].backward()
+    values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
+    if rank == 0:
+        from safetensors.torch import save_file
+        save_file({k: v.contiguous() for k, v in _grads(composer).items()}, out)
+        Path(out + ".json").write_text(json.dumps(values))
+    _finish(rank, world)
+
+
+def _halves(text):
+    """The text tower run on the two ranks' parts of each call (`torch.tensor_split`, as the ranks split)."""
+    forward = text.forward
+
+    def chunked(texts, embeddings, placeholder="*"):
+        parts = torch.tensor_split(torch.arange(len(texts)), 2)
+        return torch.cat([forward([texts[i] for i in p.tolist()], embeddings[p], placeholder) for p in parts])
+    text.forward = chunked
+
+
+@pytest.mark.parametrize("kind", ["pact-identity", "pact-joint", "tscir-mapping", "tscir-composing"])
+def test_composer_phases_on_two_ranks_match_one_process(kind, tmp_path):
+    from safetensors.torch import load_file
+    from foco.train.distributed import DistEnv
+    out = str(tmp_path / "grads.safetensors")
+    mp.start_processes(_worker, args=(2, _rendezvous(tmp_path), kind, out), nprocs=2, start_method="spawn")
+    composer, table, cfg = _setup(kind)
+    if kind == "tscir-composing":
+        composer.mapper.requires_grad_(False)
+    _halves(composer.text)
+    losses = _losses(kind, composer, table, cfg, DistEnv())
+    losses["loss"].backward()
+    got, got_losses = load_file(out), json.loads(Path(out + ".json").read_text())
+    assert set(got_losses) == set(losses)
+    for k, v in losses.items():
+        assert abs(got_losses[k] - float(v.detach())) < 1e-5, (k, got_losses[k], float(v))
+    want = _grads(composer)
+    assert set(got) == set(want) and want
+    for name in want:
+        assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-4), (name,
+                                                                              (got[name] - want[name]).abs().max())
