@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from test_distributed import _finish, _init, _rendezvous
+from test_train import train_features  # noqa: F401  (fixture: the tiny world's training features)
 
 # a global batch of 16 triplets (two per source image) with 9 distinct sources, an odd count; sources 0 and 4 are
 # on both ranks' halves, so that the distinct sources must be those of the global batch, not each rank's
@@ -122,3 +123,33 @@ def test_composer_phases_on_two_ranks_match_one_process(kind, tmp_path):
     for name in want:
         assert torch.allclose(got[name], want[name], atol=1e-5, rtol=1e-4), (name,
                                                                               (got[name] - want[name]).abs().max())
+
+
+def test_pact_and_tscir_train_under_torchrun(tiny_world, train_features, tmp_path):  # noqa: F811
+    """The commands themselves: `torchrun --nproc_per_node 2 -m foco pact|tscir train` end with one checkpoint,
+    written by rank 0, that loads; the log averages over ranks."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from foco import create_backbone
+    from foco.cli import main
+    from foco.methods.composer import TextComposer
+    store = tmp_path / "e.sqlite"
+    assert main(["edits", "generate", "--in", str(tiny_world), "--out", str(store), "--per-caption", "1"]) == 0
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
+    common = ["--features", str(train_features), "--edits", str(store), "--edit-features", str(tmp_path / "texts"),
+              "--batch-size", "32", "--max-steps", "2"]
+    runs = {"pact": ["--identity-epochs", "1", "--joint-epochs", "1"],
+            "tscir": ["--stage1-epochs", "1", "--stage2-epochs", "1", "--target-threshold", "auto"]}
+    backbone = create_backbone(json.loads((train_features / "manifest.json").read_text())["backbone"])
+    for method, extra in runs.items():
+        out = tmp_path / method
+        r = subprocess.run([torchrun, "--standalone", "--nproc_per_node", "2", "-m", "foco", method, "train", *common,
+                            "--out", str(out), *extra], env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert r.stdout.count(f"{method.upper()} in {out}") == 1  # one rank reports
+        log = [json.loads(line) for line in (out / "train_log.jsonl").read_text().splitlines()]
+        assert len(log) == 2 and all(rec["loss"] == rec["loss"] for rec in log)  # two phases, finite
+        TextComposer.load(out, backbone, expect=method)

@@ -14,10 +14,20 @@ def _common(a: argparse.Namespace):
     from ..backbones.tunable import TextTuneConfig
     from ..features import FeatureCache
     check_resume(a)
+    from ..train.distributed import env_from_torchrun, init_distributed
+    init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco pact ...
     spec = a.backbone or FeatureCache(a.features).manifest["backbone"]
     text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
     backbone, records = create_backbone(spec), edit_records(a)
     return records, backbone, edit_table(a, backbone, records), text
+
+
+def _leave() -> bool:
+    """Leaves the process group (under torchrun) together with the other ranks; True on the rank that reports."""
+    from ..train.distributed import current, shutdown
+    env = current()
+    shutdown(env)
+    return env.is_main
 
 
 def _pact_train(a: argparse.Namespace) -> int:
@@ -29,6 +39,8 @@ def _pact_train(a: argparse.Namespace) -> int:
                           visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
                           max_steps=a.max_steps, seed=a.seed, text=text)
     train_pact(edits, backbone, a.out, cfg, resume=a.resume)
+    if not _leave():
+        return 0
     print(f"PACT in {a.out}; use it with foco eval --methods pact --pact {a.out} (Chord: --chord val)")
     return 0
 
@@ -42,6 +54,8 @@ def _tscir_train(a: argparse.Namespace) -> int:
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
                            max_steps=a.max_steps, seed=a.seed, text=text)
     _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
+    if not _leave():
+        return 0
     print(match.summary())
     if a.world:
         report = check_world_targets(a, records, match)
@@ -87,6 +101,8 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    p.add_argument("--dist-timeout", type=positive_int, default=120,
+                   help="under torchrun: seconds a rank waits for the others before the job stops")
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -148,7 +148,7 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     spec = a.backbone or cache.manifest["backbone"]
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
-    env = init_distributed(env_from_torchrun())  # torchrun --nproc_per_node N -m foco pic2word train ...
+    env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word train
     train_pic2word(cache.images()[1].global_, create_backbone(spec), a.out, cfg, resume=True)
     shutdown(env)
     if env.is_main:
@@ -240,4 +240,6 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     pt.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (linear warm-up, then cosine decay)")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    pt.add_argument("--dist-timeout", type=positive_int, default=120,
+                    help="under torchrun: seconds a rank waits for the others before the job stops")
     pt.set_defaults(func=_pic2word_train)
