@@ -1,6 +1,6 @@
 """The corpus path (issue 15): the tiny world's pairs exported as webdataset shards -> `foco decompose --in` the
-shards -> `foco features extract --in` the shards -> 2-rank `torchrun ... foco train`, end to end; the shards'
-features equal the folder path's."""
+shards -> `foco features extract --in` the shards -> 2-rank `torchrun ... foco train`, each rank on its own
+feature shards, end to end; the shards' features equal the folder path's."""
 from __future__ import annotations
 
 import json
@@ -59,6 +59,12 @@ def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
                         "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "32"],
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
+    # each rank trains on its own feature shards (the extraction's split: r, r + N, ...)
+    n_parts = {name: len(FeatureCache(feats / "parts" / name).ids("images")) for name in ("00000", "00001", "00002")}
+    assert f"rank 0: {n_parts['00000'] + n_parts['00002']} images from feature shards 00000, 00002" in r.stdout
+    assert f"rank 1: {n_parts['00001']} images from feature shards 00001" in r.stdout
     assert (tmp_path / "foco" / "foco.safetensors").is_file()
+    state = json.loads((tmp_path / "foco" / "train_state" / "state.json").read_text())
+    assert state["progress"]["identity"]["examples (stage 1)"] == len(keys)  # every rank's images together
     log = [json.loads(line) for line in (tmp_path / "foco" / "train_log.jsonl").read_text().splitlines()]
     assert [rec["stage"] for rec in log] == [1, 2]

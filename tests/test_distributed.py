@@ -305,3 +305,48 @@ def test_compile_trains_to_the_same_weights(tmp_path):
     for name in a:
         if not _noise_only(name):
             assert torch.allclose(a[name], b[name], atol=1e-4, rtol=0), (name, (a[name] - b[name]).abs().max())
+
+
+def _local_worker(rank: int, world: int, rendezvous: str, out: str, epochs: int, resume: bool) -> None:
+    _init(rank, world, rendezvous)
+    import json
+    import numpy as np
+    from foco.train.distributed import DistEnv
+    from foco.train.loop import LoopConfig, Phase, run
+    n_local = [40, 27][rank]  # ranks hold different amounts of their own data
+    model = torch.nn.Linear(2, 1)
+    seen = []
+
+    def step(idx):
+        seen.append(idx.tolist())
+        return {"loss": (model(torch.ones(len(idx), 2)) * 0).sum()}
+
+    phase = Phase(epochs, lambda: torch.optim.SGD(model.parameters(), lr=0.1), step, local=True)
+    run(model, [phase], out, LoopConfig(n_local, 8, env=DistEnv(rank, world)), np.random.default_rng(0), resume)
+    Path(out, f"seen.{rank}.{epochs}.json").write_text(json.dumps(seen))
+    _finish(rank, world)
+
+
+def test_ranks_on_their_own_data_take_equal_steps_and_resume_the_same_orders(tmp_path):
+    """`foco train --in` under torchrun: each rank reads its own feature shards (a local phase). Every rank takes
+    B/N of its own examples per step, all take the fewest steps any rank's data allows, their orders differ, and a
+    resumed run draws the orders of an uninterrupted one."""
+    import json
+    whole, cut = str(tmp_path / "whole"), str(tmp_path / "cut")
+    mp.start_processes(_local_worker, args=(2, _rendezvous(tmp_path), whole, 2, False), nprocs=2, start_method="spawn")
+    mp.start_processes(_local_worker, args=(2, _rendezvous(tmp_path), cut, 1, False), nprocs=2, start_method="spawn")
+    mp.start_processes(_local_worker, args=(2, _rendezvous(tmp_path), cut, 2, True), nprocs=2, start_method="spawn")
+    seen = {r: json.loads(Path(whole, f"seen.{r}.2.json").read_text()) for r in range(2)}
+    steps = min(40, 27) // 4  # B/N = 4; the smaller rank's data decides
+    for r, n in ((0, 40), (1, 27)):
+        assert len(seen[r]) == 2 * steps and all(len(b) == 4 for b in seen[r])
+        for epoch in (seen[r][:steps], seen[r][steps:]):
+            flat = [i for b in epoch for i in b]
+            assert len(set(flat)) == len(flat) and max(flat) < n  # an epoch draws without repeats from its own data
+    assert seen[0][:steps] != seen[1][:steps]
+    assert seen[0][:steps] != seen[0][steps:]  # a new order each epoch
+    for r in range(2):
+        resumed = json.loads(Path(cut, f"seen.{r}.2.json").read_text())
+        assert resumed == seen[r][steps:]  # the resumed run repeats the uninterrupted run's second epoch
+    state = json.loads((tmp_path / "whole" / "train_state" / "state.json").read_text())
+    assert state["progress"]["identity"]["examples (training)"] == 67  # the run's identity counts every rank

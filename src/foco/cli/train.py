@@ -97,8 +97,13 @@ def _train(a: argparse.Namespace) -> int:
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
-    table = build_pair_table(a.features, training_decompositions(a))
-    from ..corpora.extract import is_corpus
+    from ..corpora.extract import corpus_parts, is_corpus
+    sharded = env.enabled and is_corpus(a.features)  # each rank trains on its own feature shards
+    table = build_pair_table(a.features, training_decompositions(a), rank=env.rank if sharded else 0,
+                             world_size=env.world_size if sharded else 1)
+    if sharded:
+        print(f"rank {env.rank}: {len(table)} images from feature shards "
+              f"{', '.join(corpus_parts(a.features, env.rank, env.world_size))}", flush=True)
     from ..utils.io import read_json
     spec = read_json(Path(a.features) / "corpus.json")["backbone"] if is_corpus(a.features) else \
         FeatureCache(a.features).manifest["backbone"]
@@ -107,7 +112,7 @@ def _train(a: argparse.Namespace) -> int:
         from ..train.targets import parse_threshold
         edits, match = edits.with_targets(parse_threshold(a.target_threshold))
         print(match.summary())
-    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits)
+    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits, sharded=sharded)
     shutdown(env)
     if not env.is_main:
         return 0

@@ -7,7 +7,8 @@ per input shard, resumable per shard.
     OUT/corpus.json            the pattern, the backbone, and the parts in shard order
 
 Images are decoded by DataLoader workers while the backbone encodes. Under torchrun, rank r takes the shards
-r, r + N, r + 2N, ...; every rank can then read every part (`read_corpus`).
+r, r + N, r + 2N, ...; `foco train` under torchrun reads the same split (`read_corpus` with a rank), one process
+reads every part.
 """
 from __future__ import annotations
 
@@ -103,13 +104,24 @@ def is_corpus(folder: str | Path) -> bool:
     return (Path(folder) / "corpus.json").is_file()
 
 
-def read_corpus(folder: str | Path) -> tuple[list[str], torch.Tensor, torch.Tensor, list[str], dict[str, torch.Tensor]]:
-    """Every part in shard order: image ids (the sample keys), globals (N, D), patches (N, P, D) as stored, and
-    text ids with {"global", "tokens", "mask"} (texts repeated across parts are kept once)."""
+def corpus_parts(folder: str | Path, rank: int = 0, world_size: int = 1) -> list[str]:
+    """The parts (shard names, in shard order) that rank `rank` of `world_size` trains on: r, r + N, r + 2N, ...
+    (the split of the extraction)."""
+    parts = read_json(Path(folder) / "corpus.json")["parts"]
+    if len(parts) < world_size:
+        raise ValueError(f"{folder} holds {len(parts)} feature shards for {world_size} ranks: every rank needs one; "
+                         "export the corpus in more shards (--shard-size) or run fewer ranks")
+    return [name for n, name in enumerate(parts) if n % world_size == rank]
+
+
+def read_corpus(folder: str | Path, rank: int = 0, world_size: int = 1
+                ) -> tuple[list[str], torch.Tensor, torch.Tensor, list[str], dict[str, torch.Tensor]]:
+    """Every part in shard order (or rank `rank`'s parts of `world_size`, `corpus_parts`): image ids (the sample
+    keys), globals (N, D), patches (N, P, D) as stored, and text ids with {"global", "tokens", "mask"} (texts
+    repeated across parts are kept once)."""
     folder = Path(folder)
-    meta = read_json(folder / "corpus.json")
     ids, g, p, tids, tg, tt, tm, seen = [], [], [], [], [], [], [], set()
-    for name in meta["parts"]:
+    for name in corpus_parts(folder, rank, world_size):
         part = folder / "parts" / name
         if not (part / "done.json").is_file():
             raise FileNotFoundError(f"{part} is not finished: rerun `foco features extract --in ...` (it resumes)")

@@ -82,10 +82,11 @@ class FoCoObjective(torch.nn.Module):
 
 
 def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Tensor, max_negatives: int | None,
-                     gen: torch.Generator, with_comp: bool, env: DistEnv) -> Losses:
+                     gen: torch.Generator, with_comp: bool, env: DistEnv, sharded: bool = False) -> Losses:
     """This rank's rows of the global batch `idx` (B,) against columns gathered from every rank, under the global
-    negative plan, which every rank draws identically (see `foco.train.distributed`)."""
-    local = rank_slice(idx, env)  # (b,)
+    negative plan, which every rank draws identically (see `foco.train.distributed`). `sharded`: `table` is this
+    rank's own data and `idx` (b,) already its rows of the global batch."""
+    local = idx if sharded else rank_slice(idx, env)  # (b,)
     batch = table.batch(local)
     mask = gather_rows(batch.local_mask.to(torch.uint8), env).bool()  # (B, K)
     plan = plan_negatives(mask, max_negatives, gen)
@@ -99,12 +100,13 @@ def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Te
 
 
 def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, gen: torch.Generator,
-           stage: int, env: DistEnv = DistEnv(), objective: torch.nn.Module | None = None) -> Phase:
+           stage: int, env: DistEnv = DistEnv(), objective: torch.nn.Module | None = None,
+           sharded: bool = False) -> Phase:
     with_comp = stage == 2
 
-    def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; (B/N,) this rank's rows when sharded
         if env.enabled:
-            return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env)
+            return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env, sharded)
         batch = table.batch(idx)
         plan = plan_negatives(batch.local_mask, cfg.max_negatives, gen)
         if objective is not None:  # compiled
@@ -118,7 +120,7 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
     return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs,
                  optimizer=lambda: _optimizer(model, cfg, stage), step=step,
                  objective="comp" if with_comp and not cfg.aggr_loss_in_stage2 else "loss",
-                 tag={"stage": stage}, record=temperatures)
+                 tag={"stage": stage}, record=temperatures, local=sharded)
 
 
 def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig, env: DistEnv = DistEnv(),
@@ -145,13 +147,17 @@ def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainC
 
 def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
                meta: dict | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
-               edits: "EditTable | None" = None) -> ComposedQueryEncoder:
+               edits: "EditTable | None" = None, sharded: bool = False) -> ComposedQueryEncoder:
     """Trains on `table`, writes `out`/foco.safetensors + foco.json, the log and the loss curve; returns the model.
 
     `cfg` is not modified (the width is set on a copy). `meta` (e.g. the backbone spec) is stored in foco.json.
     `on_step(global_step, losses)` is called after each step, counting from 0 across the stages. With `edits` and
     `cfg.stage3_epochs > 0` a third stage trains on ITT triplets (foco-edits, a departure from the paper); a run
     that finished the two paper stages resumes into it.
+
+    `sharded` (under torchrun): `table` holds this rank's own images (its feature shards, `read_corpus`), and each
+    step takes B/N of them per rank; the negatives still span the global batch. Without it every rank holds the
+    whole table and takes its slice of one global permutation, as one process would.
     """
     if cfg.stage3_epochs > 0 and edits is None:
         raise ValueError("stage 3 (--stage3-epochs) trains on edits: pass --edits STORE")
@@ -174,7 +180,7 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
                       plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                  (", then the edit stage)" if cfg.stage3_epochs else ")"),
                       identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision)
-    phases = [_stage(model, table, cfg, gen, 1, env, objective), _stage(model, table, cfg, gen, 2, env, objective)]
+    phases = [_stage(model, table, cfg, gen, s, env, objective, sharded and env.enabled) for s in (1, 2)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg, env, objective))
     run(model, phases, out, loop, rng, resume, gen, on_step)

@@ -23,7 +23,7 @@ from ..utils.io import read_json
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar, NoBar
-from .distributed import DistEnv, RankLost, barrier, mean_across, rank_lost
+from .distributed import DistEnv, RankLost, barrier, mean_across, rank_lost, total_across
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,7 @@ class Phase:
     record: Callable[[int], dict] = lambda global_step: {}  # extra log fields after an epoch
     clip_params: Callable[[], Iterable[torch.nn.Parameter]] | None = None  # clipped together; None: the optimiser's
     n: int | None = None  # examples per epoch when this phase has its own data; None: LoopConfig.n
+    local: bool = False  # data-parallel on rank-local data: n is this rank's, `step` gets its B/N local indices
 
 
 @dataclass
@@ -92,14 +93,18 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
          on_epoch: Callable[[dict], None] | None) -> None:
     out = Path(out)
     _check(phases, cfg)
-    sizes = [p.n or cfg.n for p in phases]  # N of each phase
-    batch = [min(cfg.batch_size, n) for n in sizes]  # B of each phase
+    sizes = [p.n or cfg.n for p in phases]  # N of each phase (this rank's N_r for a local phase)
+    batch = [min(cfg.batch_size, n) for n in sizes]  # B of each phase (B/N for a local phase)
     steps = [n // b for n, b in zip(sizes, batch)]
+    totals_n = list(sizes)  # what the run's identity records: every rank's examples together
+    for i, p in enumerate(phases):
+        if p.local and cfg.env.enabled:
+            batch[i], steps[i], totals_n[i] = _local_steps(p, sizes[i], cfg)
     totals = [p.epochs * s if cfg.max_steps is None else min(cfg.max_steps, p.epochs * s)
               for p, s in zip(phases, steps)]
     first, epoch0, opt = 0, 0, None
     if resume and has_training_state(out / "train_state"):
-        _check_identity(out / "train_state", _identity(phases, sizes, cfg))
+        _check_identity(out / "train_state", _identity(phases, totals_n, cfg))
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -110,7 +115,7 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
             if done >= totals[i]:
                 break
             model.train()
-            perm = torch.from_numpy(rng.permutation(n))  # (N,)
+            perm = torch.from_numpy(_permutation(rng, n, phase, cfg.env))  # (N,)
             batches = [perm[s * B:(s + 1) * B] for s in range(min(S, totals[i] - done))]  # each (B,)
             desc = " ".join([cfg.name, *_words(phase.tag), f"epoch {epoch + 1}/{phase.epochs}"])
             means, step_log = _epoch(phase, opt, batches, cfg, range(done, totals[i]), sum(totals[:i]), desc,
@@ -119,11 +124,36 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
             rec = {**phase.tag, "epoch": epoch + 1, **means, **phase.record(sum(totals[:i]) + done),
                    "elapsed_s": round(time.time() - t0, 2)}
             _end_epoch(out, model, opt, rng, generator, cfg, rec,
-                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, sizes, cfg)},
+                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, totals_n, cfg)},
                        [{"step": k, **phase.tag, **v} for k, v in step_log])
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
+
+
+def _local_steps(phase: Phase, n: int, cfg: LoopConfig) -> tuple[int, int, int]:
+    """A local phase's (B/N, steps per epoch, N over all ranks): every rank takes the same number of steps, the
+    fewest any rank's data allows."""
+    env = cfg.env
+    if cfg.batch_size % env.world_size:
+        raise ValueError(f"the global batch of {cfg.batch_size} does not split over {env.world_size} ranks; use a "
+                         f"--batch-size divisible by {env.world_size}")
+    b = cfg.batch_size // env.world_size
+    steps = total_across(n // b, env, "min")
+    if steps < 1:
+        where = " ".join(_words(phase.tag)) or "training"
+        raise ValueError(f"{where}: a rank holds fewer than {b} examples (B/N of --batch-size {cfg.batch_size}); "
+                         "give every rank more data (more shards) or lower --batch-size")
+    return b, steps, total_across(n, env)
+
+
+def _permutation(rng: np.random.Generator, n: int, phase: Phase, env: DistEnv) -> np.ndarray:
+    """The epoch's order of the n examples. A local phase on several ranks draws a seed from the shared generator
+    (the same on every rank, saved with the state) and permutes this rank's data with it and the rank, so that
+    ranks differ and `--resume` repeats the same orders."""
+    if not (phase.local and env.enabled):
+        return rng.permutation(n)
+    return np.random.default_rng([int(rng.integers(2 ** 63)), env.rank]).permutation(n)
 
 
 def _check(phases: list[Phase], cfg: LoopConfig) -> None:
@@ -136,7 +166,7 @@ def _check(phases: list[Phase], cfg: LoopConfig) -> None:
         where = " ".join(_words(p.tag)) or "training"
         if p.epochs < 0:
             raise ValueError(f"{where}: epochs must be 0 or more, got {p.epochs}")
-        if p.epochs and (p.n or cfg.n) < 1:
+        if p.epochs and (p.n or cfg.n) < 1 and not (p.local and cfg.env.enabled):  # local: _local_steps says
             raise ValueError(f"{where}: no training examples")
     if not any(p.epochs for p in phases):
         raise ValueError("every phase has 0 epochs: nothing would be trained")
