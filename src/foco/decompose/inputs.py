@@ -55,9 +55,15 @@ def read_captions(path: str | Path, split: str = "train", caption_column: str | 
 
 
 def _read_shards(pattern: str) -> list[CaptionRecord]:
-    from ..corpora.webdataset import iter_shard, shard_paths
+    from ..corpora.webdataset import shard_paths
+    return read_shard_captions(shard_paths(pattern))
+
+
+def read_shard_captions(shards: list[Path]) -> list[CaptionRecord]:
+    """The captions of these webdataset shards' samples, in order (a rank's own shards, `foco train --in`)."""
+    from ..corpora.webdataset import iter_shard
     out, seen = [], {}
-    for shard in shard_paths(pattern):
+    for shard in shards:
         for sample in iter_shard(shard, with_images=False):
             if not sample.caption or not sample.caption.strip():
                 raise ManifestError(f"{shard}: sample {sample.key} has no caption (.txt, or 'caption' in its .json)")

@@ -54,11 +54,11 @@ class PairTable:
 
 
 def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition], max_pairs: int = 5,
-                     rank: int = 0, world_size: int = 1) -> PairTable:
+                     rank: int = 0, world_size: int = 1, k: int | None = None) -> PairTable:
     """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache. `cache`
     is a feature cache, or a corpus folder of per-shard caches (`foco.corpora.extract`), of which rank `rank` of
-    `world_size` reads its own parts. K is the most pairs any decomposition has (capped at `max_pairs`), so that
-    every rank's table has the same K."""
+    `world_size` reads its own parts. K is the most pairs an image has (capped at `max_pairs`), or `k` when given
+    (ranks on their own data agree on one)."""
     from ..corpora.extract import is_corpus, read_corpus
     if is_corpus(cache):
         image_ids, g, patches, text_ids, t = read_corpus(cache, rank, world_size)
@@ -72,7 +72,7 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
     missing_dec = [i for i in image_ids if i not in decompositions]
     if missing_dec:
         raise ValueError(f"{len(missing_dec)} cached images have no decomposition, e.g. {missing_dec[:3]}")
-    K = min(max_pairs, max(len(decompositions[i].pairs) for i in (decompositions if world_size > 1 else image_ids)))
+    K = k if k is not None else min(max_pairs, max(len(decompositions[i].pairs) for i in image_ids))
     local_idx = torch.full((len(image_ids), K), -1, dtype=torch.long)
     context_idx = torch.full((len(image_ids), K), -1, dtype=torch.long)
     missing_text = set()
