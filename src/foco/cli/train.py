@@ -99,7 +99,9 @@ def _train(a: argparse.Namespace) -> int:
     env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
     from ..corpora.extract import is_corpus
     if env.enabled and is_corpus(a.features):  # each rank trains on its own feature shards
-        table, sharded = rank_pair_table(a, env), True
+        from ..train.data import rank_pair_table
+        table, sharded = rank_pair_table(a.features, a.inp, a.decompositions, a.decomposer, a.max_fallback, env), True
+        print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
     else:
         table, sharded = build_pair_table(a.features, training_decompositions(a)), False
     from ..utils.io import read_json
@@ -117,32 +119,6 @@ def _train(a: argparse.Namespace) -> int:
     print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
           f"curve {a.out}/loss_curve.png")
     return 0
-
-
-def rank_pair_table(a: argparse.Namespace, env):
-    """Under torchrun with a feature corpus: this rank's own feature shards (r, r + N, ... of --in, the extraction's
-    split) joined with their captions' decompositions; K is agreed over ranks."""
-    from ..corpora.extract import corpus_parts
-    from ..corpora.webdataset import shard_paths
-    from ..decompose.inputs import read_shard_captions
-    from ..decompose.store import stored_decompositions
-    from ..train.data import build_pair_table
-    from ..train.distributed import total_across
-    if a.inp is None or a.decompositions is None:
-        raise ValueError("a feature corpus under torchrun needs --in (its webdataset shards) and --decompositions")
-    parts = corpus_parts(a.features, env.rank, env.world_size)
-    shards = [p for n, p in enumerate(shard_paths(a.inp)) if n % env.world_size == env.rank]
-    if [p.stem for p in shards] != parts:
-        raise ValueError(f"--features {a.features} was extracted from other shards than --in {a.inp} (rank "
-                         f"{env.rank} has feature shards {parts[:3]}, --in gives {[p.stem for p in shards][:3]}); "
-                         "pass the --in pattern of the extraction")
-    records = read_shard_captions(shards)
-    decompositions = stored_decompositions([(r.id, r.caption) for r in records], a.decompositions, a.decomposer,
-                                           a.max_fallback)
-    k = total_across(min(5, max((len(d.pairs) for d in decompositions.values()), default=0)), env, "max")
-    table = build_pair_table(a.features, decompositions, rank=env.rank, world_size=env.world_size, k=k)
-    print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(parts)}", flush=True)
-    return table
 
 
 def edit_records(a: argparse.Namespace) -> list:

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,6 +37,7 @@ class PairTable:
     text_mask: torch.Tensor  # (Nt, L) bool
     local_idx: torch.Tensor  # (N, K) long, -1 where image i has fewer than K pairs
     context_idx: torch.Tensor  # (N, K) long
+    parts: list[str] = field(default_factory=list)  # a rank's own feature shards (`rank_pair_table`); [] otherwise
 
     def __len__(self) -> int:
         return self.image_global.shape[0]
@@ -89,3 +90,28 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
     if empty:
         raise ValueError(f"{empty} images have no usable (local, context) pair")
     return PairTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask, local_idx, context_idx)
+
+
+def rank_pair_table(features: str | Path, pattern: str, store: str | Path, decomposer: str | None,
+                    max_fallback: float | None, env) -> PairTable:
+    """Under torchrun, a feature corpus (`foco.corpora.extract`): this rank's own feature shards (r, r + N, ... of
+    the shards `pattern`, the extraction's split) joined with the decompositions in `store` of their captions,
+    read from this rank's shards alone. K is agreed over ranks. The table's `parts` names the shards."""
+    from ..corpora.extract import corpus_parts
+    from ..corpora.webdataset import shard_paths
+    from ..decompose.inputs import read_shard_captions
+    from ..decompose.store import stored_decompositions
+    from .distributed import total_across
+    if pattern is None or store is None:
+        raise ValueError("a feature corpus under torchrun needs --in (its webdataset shards) and --decompositions")
+    parts = corpus_parts(features, env.rank, env.world_size)
+    shards = [p for n, p in enumerate(shard_paths(pattern)) if n % env.world_size == env.rank]
+    if [p.stem for p in shards] != parts:
+        raise ValueError(f"--features {features} was extracted from other shards than --in {pattern} (rank "
+                         f"{env.rank} has feature shards {parts[:3]}, --in gives {[p.stem for p in shards][:3]}); "
+                         "pass the --in pattern of the extraction")
+    records = read_shard_captions(shards)
+    decompositions = stored_decompositions([(r.id, r.caption) for r in records], store, decomposer, max_fallback)
+    k = total_across(min(5, max((len(d.pairs) for d in decompositions.values()), default=0)), env, "max")
+    table = build_pair_table(features, decompositions, rank=env.rank, world_size=env.world_size, k=k)
+    return replace(table, parts=parts)
