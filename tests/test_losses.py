@@ -88,3 +88,69 @@ def test_ablation_variants_match_reference(variant):
     plan = plan_negatives(b.local_mask, None, torch.Generator().manual_seed(2))
     fast, slow = foco_losses(model, b, plan, True), slow_losses(model, b, plan, True)
     assert torch.allclose(fast["comp"], slow["comp"], atol=1e-5, rtol=1e-5)
+
+
+def _moved(cfg: FoCoConfig) -> ComposedQueryEncoder:
+    torch.manual_seed(0)
+    model = ComposedQueryEncoder(cfg).double()
+    for p in model.parameters():  # move away from the initialisation so every path matters
+        p.data.add_(0.05 * torch.randn_like(p))
+    return model
+
+
+def _same_losses_and_grads(fast: dict, slow: dict, model) -> None:
+    assert set(fast) == set(slow)
+    for name in slow:
+        assert torch.allclose(fast[name], slow[name], atol=1e-8, rtol=1e-8), (name, fast[name], slow[name])
+    params = [p for p in model.parameters() if p.requires_grad]
+    gf = torch.autograd.grad(fast["loss"], params, allow_unused=True)
+    gs = torch.autograd.grad(slow["loss"], params, allow_unused=True)
+    for a, s in zip(gf, gs):
+        if a is None or s is None:
+            assert (a is None or a.abs().max() == 0) and (s is None or s.abs().max() == 0)
+        else:
+            assert torch.allclose(a, s, atol=1e-8, rtol=1e-6)
+
+
+@pytest.mark.parametrize("loss,negatives", [("infonce", "cross-instance"), ("sigmoid", "naive"), ("infonce", "naive")])
+@pytest.mark.parametrize("with_comp", [False, True])
+@pytest.mark.parametrize("cap", [None, 3])
+def test_ablated_objectives_match_per_pair_twins(loss, negatives, with_comp, cap):
+    """2a (InfoNCE) and 2b/2c (naive intra-image negatives), batched over the grid against the per-pair loop."""
+    model = _moved(FoCoConfig(dim=16, heads=2, learn_bias=True, init_bias=-2.0))
+    b = random_batch()
+    plan = plan_negatives(b.local_mask, cap, torch.Generator().manual_seed(1))
+    fast = foco_losses(model, b, plan, with_comp, loss=loss, negatives=negatives)
+    slow = slow_losses(model, b, plan, with_comp, loss=loss, negatives=negatives)
+    _same_losses_and_grads(fast, slow, model)
+    # and they are other losses than the paper's
+    paper = foco_losses(model, b, plan, with_comp)
+    assert not torch.allclose(fast["loss"], paper["loss"])
+
+
+@pytest.mark.parametrize("variant", [{"aggr_query": "learned"}, {"aggr_query": "text"},
+                                     {"aggr_attention": "dot-product"}, {"comp_layers": "attention"},
+                                     {"aggr_query": "learned", "aggr_attention": "dot-product"}])
+def test_ablated_modules_match_per_pair_twins(variant):
+    """4a (a learned query, or the text alone), 4b (dot-product attention) and 5a (one attention layer in F_Comp):
+    the batched grid and the encoder against the per-pair and per-query twins."""
+    model = _moved(FoCoConfig(dim=16, heads=2, **variant))
+    b = random_batch(B=4)
+    plan = plan_negatives(b.local_mask, None, torch.Generator().manual_seed(2))
+    _same_losses_and_grads(foco_losses(model, b, plan, True), slow_losses(model, b, plan, True), model)
+    ref = ImageFeatures(b.image_global, b.patches)
+    mod = TextFeatures(b.local[:, 0], b.ctx_tokens[:, 0], b.ctx_mask[:, 0])
+    out = model.encode(ref, mod)
+    for i in range(4):
+        v, bg, alpha = naive_aggr(model.aggr, mod.global_[i], ref.global_[i], ref.patches[i])
+        assert torch.allclose(out.query[i], naive_comp(model.comp, v, bg, mod.tokens[i], mod.mask[i]), atol=1e-10)
+        assert torch.allclose(out.attention[i], alpha, atol=1e-10)
+
+
+def test_unknown_ablation_values_are_refused():
+    with pytest.raises(ValueError, match="learned"):
+        ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, aggr_query="none"))
+    with pytest.raises(ValueError, match="dot-product"):
+        ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, aggr_attention="dot"))
+    with pytest.raises(ValueError, match="attention"):
+        ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, comp_layers="none"))

@@ -212,26 +212,39 @@ def train_foco_edits(out: Path, suffix: str, train_features: Path, decomposition
                      edits_dir: Path, plan: QuickstartPlan, ids: list[str]) -> None:
     """Rule-written ITT triplets of the training captions, their texts encoded once, then FoCo's third stage,
     resumed from the paper-recipe checkpoint (a copy of its folder, so the paper's stages are not rerun)."""
-    ep = plan.edits
+    table = edit_triplets(out / f"edits{suffix}.sqlite", out / "features" / f"edit-texts{suffix}", train_features,
+                          decompositions, backbone, plan.edits, ids, plan.foco.precision)
+    train_stage3(build_pair_table(train_features, decompositions), foco_dir, edits_dir, plan.foco, plan.edits, table,
+                 backbone.spec)
+
+
+def edit_triplets(store: Path, texts: Path, train_features: Path, decompositions: dict, backbone, ep: EditPlan,
+                  ids: list[str], precision: str = "fp32"):
+    """The EditTable of foco-edits: rule-written ITT triplets of the first `ep.sources` captions of `ids` (into
+    `store`), their texts encoded once (into `texts`), joined with `train_features`; with the retrieved target
+    images when `ep.image_weight` > 0. Every step resumes."""
     sources = [(i, decompositions[i]) for i in ids if i in decompositions][:ep.sources]
-    store = out / f"edits{suffix}.sqlite"
     stats = run_generate(sources, RuleWriter("train"), store, GenerateConfig(per_caption=ep.per_caption))
     with EditStore(store) as st:
         records = st.records(stats.settings_id)
-    texts = out / "features" / f"edit-texts{suffix}"
-    encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives,
-                      cfg=ExtractConfig(precision=plan.foco.precision))
+    encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives, cfg=ExtractConfig(precision=precision))
     table = build_edit_table(train_features, texts, records, max_negatives=ep.max_negatives)
     if ep.image_weight > 0:
         table, match = table.with_targets("auto")
         log.info(match.summary())
+    return table
+
+
+def train_stage3(pairs, foco_dir: Path, edits_dir: Path, cfg: FoCoTrainConfig, ep: EditPlan, edits,
+                 backbone_spec: str, meta: dict | None = None) -> None:
+    """foco-edits from a finished paper-recipe run in `foco_dir`: its folder copied to `edits_dir` (once), then
+    resumed into the edit stage with `cfg` (the paper run's settings) and the plan's stage-3 settings."""
     if not (edits_dir / "train_state").exists():
         shutil.rmtree(edits_dir, ignore_errors=True)
         shutil.copytree(foco_dir, edits_dir)
-    cfg = replace(plan.foco, stage3_epochs=ep.stage3_epochs, lr_edit_aggr=ep.lr_edit, lr_edit_comp=ep.lr_edit,
+    cfg = replace(cfg, stage3_epochs=ep.stage3_epochs, lr_edit_aggr=ep.lr_edit, lr_edit_comp=ep.lr_edit,
                   image_weight=ep.image_weight)
-    train_foco(build_pair_table(train_features, decompositions), edits_dir, cfg, resume=True,
-               meta={"backbone": backbone.spec}, edits=table)
+    train_foco(pairs, edits_dir, cfg, resume=True, meta={"backbone": backbone_spec, **(meta or {})}, edits=edits)
 
 
 QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHODS if m != "foco"))

@@ -20,13 +20,15 @@ import torch.nn.functional as F
 class CompBlock(nn.Module):
     """Cross-attention from the query token to S, then a feed-forward layer; post-norm residuals."""
 
-    def __init__(self, dim: int, heads: int, mlp_ratio: float):
+    def __init__(self, dim: int, heads: int, mlp_ratio: float, ffn: bool = True):
         super().__init__()
         self.heads = heads
         self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim) for _ in range(4))
-        self.norm1, self.norm2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        hidden = int(dim * mlp_ratio)
-        self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        self.norm1 = nn.LayerNorm(dim)
+        if ffn:  # False: the attention layer alone (ablation 5a)
+            hidden = int(dim * mlp_ratio)
+            self.norm2 = nn.LayerNorm(dim)
+            self.ffn = nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
 
     def forward(self, query: torch.Tensor, ctx: torch.Tensor, ctx_mask: torch.Tensor, vis: torch.Tensor
                 ) -> torch.Tensor:
@@ -47,7 +49,12 @@ class CompBlock(nn.Module):
         out = attn[..., :L] @ vt + (attn[..., L:, None] * vv_).sum(-2)  # (T, h, N, dh)
         out = out.transpose(1, 2).reshape(T, N, D)  # (T, N, D)
         x = self.norm1(query + self.o_proj(out))
+        if not hasattr(self, "ffn"):
+            return x  # (T, N, D)
         return self.norm2(x + self.ffn(x))  # (T, N, D)
+
+
+COMP_LAYERS = ("transformer", "attention")
 
 
 class FComp(nn.Module):
@@ -58,14 +65,21 @@ class FComp(nn.Module):
         mlp_ratio: feed-forward width as a multiple of D.
         use_background: put v̄ into S (ablation 5b removes it).
         anchor_init: initialise the query with v_loc (True, paper) or a learned token (ablation 5c).
+        layers: "transformer" (the paper's `depth` blocks) or "attention" (ablation 5a, the transformer blocks
+            removed: one cross-attention layer from the query to S, with no feed-forward layer and no stacking).
     """
 
     def __init__(self, dim: int, heads: int = 8, depth: int = 2, mlp_ratio: float = 4.0,
-                 use_background: bool = True, anchor_init: bool = True):
+                 use_background: bool = True, anchor_init: bool = True, layers: str = "transformer"):
         super().__init__()
+        if layers not in COMP_LAYERS:
+            raise ValueError(f"F_Comp layers {layers!r}: choose one of {', '.join(COMP_LAYERS)}")
         self.f_t = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
         self.f_v = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
-        self.blocks = nn.ModuleList(CompBlock(dim, heads, mlp_ratio) for _ in range(depth))
+        if layers == "attention":
+            self.blocks = nn.ModuleList([CompBlock(dim, heads, mlp_ratio, ffn=False)])
+        else:
+            self.blocks = nn.ModuleList(CompBlock(dim, heads, mlp_ratio) for _ in range(depth))
         self.query_token = nn.Parameter(torch.zeros(dim))
         self.out = nn.Linear(dim, dim)
         self.use_background, self.anchor_init = use_background, anchor_init

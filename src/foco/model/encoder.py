@@ -24,8 +24,11 @@ class FoCoConfig:
     comp_depth: int = 2  # transformer blocks in F_Comp
     aggr_mlp_ratio: float = 2.0
     comp_mlp_ratio: float = 4.0
-    use_background: bool = True  # put the inverse-attention background into F_Comp's sequence
-    anchor_init: bool = True  # F_Comp's query starts from v_loc (False: a learned token)
+    use_background: bool = True  # put the inverse-attention background into F_Comp's sequence (False: 5b)
+    anchor_init: bool = True  # F_Comp's query starts from v_loc (False: a learned token, 5c)
+    aggr_query: str = "text-image"  # F_Aggr's query MLP(c ⊙ v_g); "learned" (4a), "text" (MLP(c)): model.aggr
+    aggr_attention: str = "cross-attention"  # F_Aggr's multi-head layer; "dot-product" (4b)
+    comp_layers: str = "transformer"  # F_Comp's comp_depth blocks; "attention" (5a: one attention layer)
     init_temperature: float = 0.1  # tau at the start; learnable
     learn_bias: bool = False  # a learnable logit bias in the sigmoid loss (off = paper-exact)
     init_bias: float = -10.0  # the bias's starting value when learn_bias is on (SigLIP's choice)
@@ -44,9 +47,9 @@ class ComposedQueryEncoder(nn.Module):
     def __init__(self, cfg: FoCoConfig):
         super().__init__()
         self.cfg = cfg
-        self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio)
+        self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio, cfg.aggr_query, cfg.aggr_attention)
         self.comp = FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background,
-                          cfg.anchor_init)
+                          cfg.anchor_init, cfg.comp_layers)
         t0 = torch.tensor(1.0 / cfg.init_temperature).log()
         self.log_scale_aggr = nn.Parameter(t0.clone())  # log(1/tau) for L_aggr
         self.log_scale_comp = nn.Parameter(t0.clone())  # log(1/tau) for L_comp

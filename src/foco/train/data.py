@@ -38,9 +38,23 @@ class PairTable:
     local_idx: torch.Tensor  # (N, K) long, -1 where image i has fewer than K pairs
     context_idx: torch.Tensor  # (N, K) long
     parts: list[str] = field(default_factory=list)  # a rank's own feature shards (`rank_pair_table`); [] otherwise
+    ids: list[str] = field(default_factory=list)  # the N image ids, in row order (`build_pair_table`)
 
     def __len__(self) -> int:
         return self.image_global.shape[0]
+
+    def subset(self, keep: set[str]) -> "PairTable":
+        """The images whose id is in `keep`, in row order (the text features stay whole)."""
+        rows = torch.tensor([n for n, i in enumerate(self.ids) if i in keep], dtype=torch.long)
+        return replace(self, image_global=self.image_global[rows], patches=self.patches[rows],
+                       local_idx=self.local_idx[rows], context_idx=self.context_idx[rows],
+                       ids=[self.ids[n] for n in rows.tolist()])
+
+    def with_max_pairs(self, k: int) -> "PairTable":
+        """The table with at most `k` pairs per image, each image's first ones (K = 1 is ablation 3b)."""
+        if k >= self.local_idx.shape[1]:
+            return self
+        return replace(self, local_idx=self.local_idx[:, :k], context_idx=self.context_idx[:, :k])
 
     def batch(self, idx: torch.Tensor) -> TrainBatch:
         """Gathers a batch of images `idx` (B,) into float32 tensors."""
@@ -89,7 +103,8 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
     empty = int((local_idx < 0).all(1).sum())
     if empty:
         raise ValueError(f"{empty} images have no usable (local, context) pair")
-    return PairTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask, local_idx, context_idx)
+    return PairTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask, local_idx, context_idx,
+                     ids=list(image_ids))
 
 
 def rank_pair_table(features: str | Path, pattern: str, store: str | Path, decomposer: str | None,

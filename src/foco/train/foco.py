@@ -40,6 +40,9 @@ class FoCoTrainConfig:
     grad_clip: float = 1.0
     max_negatives: int | None = None  # cap on cross-instance negatives per anchor; None: all B - 1
     aggr_loss_in_stage2: bool = True  # False is ablation 2d
+    loss: str = "sigmoid"  # the multi-positive sigmoid loss; "infonce" is ablation 2a (train/losses.py)
+    negatives: str = "cross-instance"  # "naive" is ablation 2b/2c: intra-image negatives (train/losses.py)
+    max_pairs: int = 5  # K, decomposition pairs used per image (the first ones); 1 is ablation 3b
     # stage 3, trained with edits (foco-edits): NOT in the FoCo paper; 0 epochs (the default) is the paper's recipe
     stage3_epochs: int = 0
     lr_edit_aggr: float = 1e-4  # F_Aggr in stage 3
@@ -48,6 +51,7 @@ class FoCoTrainConfig:
     preserve_weight: float = 0.3  # weight of L_preserve (the source image) against L_compose (the target caption)
     edit_negatives: bool = True  # negative captions as hard negatives
     image_weight: float = 0.0  # weight of L_image (the retrieved target image, where the table has one)
+    max_steps: int | None = None  # cap on each stage's steps (smoke runs); None: every epoch
     seed: int = 0
     precision: str = "fp32"  # "bf16" (autocast) or "auto" (bf16 where native): foco.utils.precision
     compile: str | None = None  # torch.compile backend of the losses' forward ("inductor" for GPUs); None: eager
@@ -74,15 +78,16 @@ class FoCoObjective(torch.nn.Module):
         self.model = model
 
     def forward(self, batch, plan=None, with_comp: bool = False, columns=None, row_offset: int = 0,
-                edit: dict | None = None) -> Losses:
+                edit: dict | None = None, loss: str = "sigmoid", negatives: str = "cross-instance") -> Losses:
         if edit is not None:  # stage 3: the edit losses, with `edit` their keyword arguments
             from .losses import edit_losses
             return edit_losses(self.model, batch, **edit)
-        return foco_losses(self.model, batch, plan, with_comp, columns, row_offset)
+        return foco_losses(self.model, batch, plan, with_comp, columns, row_offset, loss, negatives)
 
 
 def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Tensor, max_negatives: int | None,
-                     gen: torch.Generator, with_comp: bool, env: DistEnv, sharded: bool = False) -> Losses:
+                     gen: torch.Generator, with_comp: bool, env: DistEnv, sharded: bool = False,
+                     loss: str = "sigmoid", negatives: str = "cross-instance") -> Losses:
     """This rank's rows of the global batch `idx` (B,) against columns gathered from every rank, under the global
     negative plan, which every rank draws identically (see `foco.train.distributed`). `sharded`: `table` is this
     rank's own data and `idx` (b,) already its rows of the global batch."""
@@ -96,7 +101,7 @@ def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Te
                       gather_rows(own.ctx_tokens, env) if with_comp else None,
                       gather_rows(own.ctx_mask.to(torch.uint8), env).bool() if with_comp else None,
                       gather_rows(own.image_global, env))
-    return objective(batch, plan, with_comp, columns, off)
+    return objective(batch, plan, with_comp, columns, off, loss=loss, negatives=negatives)
 
 
 def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, gen: torch.Generator,
@@ -106,12 +111,13 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
 
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; (B/N,) this rank's rows when sharded
         if env.enabled:
-            return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env, sharded)
+            return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env, sharded, cfg.loss,
+                                    cfg.negatives)
         batch = table.batch(idx)
         plan = plan_negatives(batch.local_mask, cfg.max_negatives, gen)
         if objective is not None:  # compiled
-            return objective(batch, plan, with_comp)
-        return foco_losses(model, batch, plan, with_comp)
+            return objective(batch, plan, with_comp, loss=cfg.loss, negatives=cfg.negatives)
+        return foco_losses(model, batch, plan, with_comp, loss=cfg.loss, negatives=cfg.negatives)
 
     def temperatures(_: int) -> dict:
         return {"tau_aggr": 1 / model.log_scale_aggr.exp().item(), "tau_comp": 1 / model.log_scale_comp.exp().item(),
@@ -163,7 +169,9 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
         raise ValueError("stage 3 (--stage3-epochs) trains on edits: pass --edits STORE")
     out = Path(out)
     refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
+    _check_ablations(cfg)
     cfg = replace(cfg, model=replace(cfg.model, dim=int(table.image_global.shape[1])))
+    table = table.with_max_pairs(cfg.max_pairs)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # the negatives
@@ -175,7 +183,8 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     if cfg.compile:  # the module is compiled, the weights stay `model`'s (saved and resumed as usual)
         objective = torch.compile(objective if objective is not None else FoCoObjective(model), backend=cfg.compile,
                                   dynamic=True)
-    loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="FoCo", env=env,
+    loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="FoCo",
+                      env=env,
                       plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
                       plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                  (", then the edit stage)" if cfg.stage3_epochs else ")"),
@@ -191,6 +200,16 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
         if cfg.stage3_epochs else {}
     _add_meta(out, {"train": {k: v for k, v in asdict(cfg).items() if k != "model"}, **recipe, **(meta or {})})
     return model
+
+
+def _check_ablations(cfg: FoCoTrainConfig) -> None:
+    from .losses import LOSSES, NEGATIVES
+    if cfg.loss not in LOSSES:
+        raise ValueError(f"loss {cfg.loss!r}: choose one of {', '.join(LOSSES)}")
+    if cfg.negatives not in NEGATIVES:
+        raise ValueError(f"negatives {cfg.negatives!r}: choose one of {', '.join(NEGATIVES)}")
+    if cfg.max_pairs < 1:
+        raise ValueError(f"max_pairs (K) must be at least 1, got {cfg.max_pairs}")
 
 
 def _add_meta(out: Path, meta: dict) -> None:

@@ -73,9 +73,32 @@ def local_columns(batch: TrainBatch, neg_k: torch.Tensor, with_comp: bool) -> Co
                    batch.image_global)
 
 
+LOSSES = ("sigmoid", "infonce")
+NEGATIVES = ("cross-instance", "naive")
+
+
+def _objective(pos: torch.Tensor, neg: torch.Tensor, pos_mask: torch.Tensor, neg_valid: torch.Tensor,
+               loss: str) -> torch.Tensor:
+    """The loss of the positive logits pos (b, K) and negative logits neg (b, M), averaged over the b rows.
+
+    sigmoid (the paper's, eqs. 2-3): -[Σ_k phi+(pos_ik) + Σ_j phi-(neg_ij)].
+    infonce (ablation 2a): every positive against its row's negatives, -Σ_k log softmax([pos_ik, neg_i.])_0."""
+    if loss == "sigmoid":
+        return -((_phi(pos, 1) * pos_mask).sum(1) + (_phi(neg, -1) * neg_valid).sum(1)).mean()
+    negs = neg.masked_fill(~neg_valid, float("-inf"))[:, None, :].expand(-1, pos.shape[1], -1)  # (b, K, M)
+    lse = torch.logsumexp(torch.cat([pos[..., None], negs], -1), -1)  # (b, K)
+    return -((pos - lse) * pos_mask).sum(1).mean()
+
+
 def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePlan, with_comp: bool,
-                columns: Columns | None = None, row_offset: int = 0) -> dict[str, torch.Tensor]:
+                columns: Columns | None = None, row_offset: int = 0, loss: str = "sigmoid",
+                negatives: str = "cross-instance") -> dict[str, torch.Tensor]:
     """L_aggr (always) and L_comp (stage 2), averaged over the batch's rows. Returns {"loss", "aggr", "comp"}.
+
+    Ablations (paper Table 2; the defaults are the paper's): `loss` "infonce" (2a, `_objective`); `negatives`
+    "naive" (2b/2c): a negative pairs image i, conditioned on image j's anchor and context, with image i's own
+    side, its own sampled anchor c_ik' in L_aggr and its own v_g in L_comp, instead of j's: the shortcut the paper's
+    cross-instance negatives rule out (a negative told apart by the texts alone).
 
     One process: `batch` is the whole batch and the columns come from it. Data-parallel
     (`foco.train.distributed`): `batch` holds this rank's b rows, which are rows `row_offset`.. of the global
@@ -93,11 +116,12 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
     v_neg, bg_neg, _ = model.aggr(anchors[None].expand(b, -1, -1), batch.image_global, batch.patches, kv)  # (b, M, D)
     valid = J[None, :] != (rows + row_offset)[:, None]  # (b, M), j ≠ i
 
+    naive = negatives == "naive"
     s_a, b_a = _scale(model.log_scale_aggr), model.bias_aggr
     pos = s_a * F.cosine_similarity(v_pos, batch.local, dim=-1) + b_a  # (b, K)
-    neg = s_a * F.cosine_similarity(v_neg, anchors[None], dim=-1) + b_a  # (b, M)
-    l_aggr = -((_phi(pos, 1) * batch.local_mask).sum(1) + (_phi(neg, -1) * valid).sum(1)).mean()
-    out = {"aggr": l_aggr}
+    own = batch.local[rows, plan.neg_k[rows + row_offset]][:, None] if naive else anchors[None]  # (b or 1, ., D)
+    neg = s_a * F.cosine_similarity(v_neg, own, dim=-1) + b_a  # (b, M): vs c_jk' (naive: vs i's own c_ik')
+    out = {"aggr": _objective(pos, neg, batch.local_mask, valid, loss)}
     if with_comp:
         L = batch.ctx_tokens.shape[2]
         h_pos = model.comp(v_pos.reshape(b * K, 1, D), bg_pos.reshape(b * K, 1, D),
@@ -108,8 +132,9 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
         h_neg = h_neg.transpose(0, 1)  # (b, M, D)
         s_c, b_c = _scale(model.log_scale_comp), model.bias_comp
         pos_c = s_c * (h_pos * batch.image_global[:, None, :]).sum(-1) + b_c  # (b, K)
-        neg_c = s_c * (h_neg * columns.image_global[J][None]).sum(-1) + b_c  # (b, M): vs v_g of j
-        out["comp"] = -((_phi(pos_c, 1) * batch.local_mask).sum(1) + (_phi(neg_c, -1) * valid).sum(1)).mean()
+        target = batch.image_global[:, None, :] if naive else columns.image_global[J][None]  # (b or 1, ., D)
+        neg_c = s_c * (h_neg * target).sum(-1) + b_c  # (b, M): vs v_g of j (naive: vs i's own v_g)
+        out["comp"] = _objective(pos_c, neg_c, batch.local_mask, valid, loss)
     out["loss"] = out["aggr"] + out.get("comp", 0.0)
     return out
 

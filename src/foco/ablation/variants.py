@@ -1,0 +1,76 @@
+"""The ablation variants of the FoCo paper (§4.3), each a named set of switches on the model and training configs.
+Every switch defaults to the paper's choice, so "full" changes nothing.
+
+`paper_r1` is the seed's CIRR R@1 for the variant (the full model: 34.5), where the seed gives one; the seed states
+the sign of every row (each ablation "drops", "weakens", "degrades" or "reduces" performance), so a variant without
+a number still has the paper's sign, negative.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from ..registry import Registry
+from ..train.foco import FoCoTrainConfig
+
+PAPER_FULL_R1 = 34.5  # CIRR R@1 of the full model in the seed's ablation table
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str
+    paper_id: str  # the row in the paper's table
+    what: str  # what the switch does
+    train: dict = field(default_factory=dict)  # FoCoTrainConfig fields
+    model: dict = field(default_factory=dict)  # FoCoConfig fields
+    decomposer: str = "oracle"  # the training decompositions ("rule": 3a)
+    paper_r1: float | None = None  # CIRR R@1 in the seed; None: the seed gives the sign only
+
+    @property
+    def paper_delta(self) -> float | None:
+        return None if self.paper_r1 is None else round(self.paper_r1 - PAPER_FULL_R1, 1)
+
+    def apply(self, cfg: FoCoTrainConfig) -> FoCoTrainConfig:
+        """`cfg` with this variant's switches set."""
+        return replace(cfg, **self.train, model=replace(cfg.model, **self.model))
+
+
+ABLATIONS = Registry("ablation variant")
+for _v in (
+    Variant("full", "full", "the paper's model and recipe", paper_r1=PAPER_FULL_R1),
+    Variant("infonce-loss", "2a", "InfoNCE (each positive against its row's negatives) instead of the sigmoid "
+            "multi-positive loss", train={"loss": "infonce"}, paper_r1=33.1),
+    Variant("naive-negatives", "2b/2c", "naive intra-image negatives: image i conditioned on image j's texts is "
+            "scored against image i's own anchor (L_aggr) and own image (L_comp)", train={"negatives": "naive"},
+            paper_r1=31.0),
+    Variant("no-aggr-loss-in-stage2", "2d", "L_aggr dropped from the joint stage (F_Comp's loss alone)",
+            train={"aggr_loss_in_stage2": False}),
+    Variant("learned-aggr-query", "4a", "no text-guided query: F_Aggr's query is one learned token (plain "
+            "cross-attention)", model={"aggr_query": "learned"}),
+    Variant("dot-product-attention", "4b", "F_Aggr's cross-attention layer replaced by parameter-free dot-product "
+            "attention", model={"aggr_attention": "dot-product"}),
+    Variant("no-comp-transformer", "5a", "F_Comp's transformer blocks replaced by one attention layer (no "
+            "feed-forward, no stacking)", model={"comp_layers": "attention"}),
+    Variant("no-background", "5b", "the background feature left out of F_Comp's sequence S",
+            model={"use_background": False}, paper_r1=33.1),
+    Variant("learned-comp-query", "5c", "F_Comp's query starts from a learned token instead of v_loc",
+            model={"anchor_init": False}, paper_r1=32.9),
+    Variant("one-pair-per-image", "3b", "K = 1: each image's first decomposition pair only",
+            train={"max_pairs": 1}, paper_r1=32.6),
+    Variant("rule-decomposition", "3a", "rule-based (spaCy) decompositions instead of the paper's LLM ones (the "
+            "world's oracle stands in for the LLM)", decomposer="rule", paper_r1=30.7),
+):
+    ABLATIONS.register(_v.name, _v)
+
+
+def variants(spec: str) -> list[Variant]:
+    """"all" or comma-separated names -> the variants, "full" first (every delta is against it)."""
+    names = ABLATIONS.names() if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    if not names:
+        raise ValueError("--variants is empty: give 'all' or names such as no-background,infonce-loss")
+    try:
+        chosen = [ABLATIONS.get(n) for n in dict.fromkeys(names)]
+    except ValueError as exc:
+        raise ValueError(f"--variants: {exc}") from None
+    if chosen[0].name != "full":
+        chosen = [ABLATIONS.get("full"), *(v for v in chosen if v.name != "full")]
+    return chosen

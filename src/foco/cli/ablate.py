@@ -1,0 +1,57 @@
+"""`foco ablate`: the paper's ablation table on the world, for the paper recipe or the edit-supervised one."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from .common import positive_int
+
+
+def _seeds(text: str) -> tuple[int, ...]:
+    try:
+        seeds = tuple(dict.fromkeys(int(s) for s in text.split(",") if s.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--seeds {text!r}: give integers separated by commas, e.g. 0,1,2") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError("--seeds is empty: give e.g. 0,1,2")
+    return seeds
+
+
+def _ablate(a: argparse.Namespace) -> int:
+    from ..ablation.run import AblateConfig, markdown, run_ablation
+    from ..ablation.variants import variants
+    cfg = AblateConfig(world=Path(a.world), features=Path(a.features), out=Path(a.out), recipe=a.recipe,
+                       variants=variants(a.variants), split=a.split, seeds=a.seeds, pairs=a.pairs, size=a.size,
+                       precision=a.precision, max_steps=a.max_steps)
+    table = run_ablation(cfg)
+    print(markdown(table))
+    print(f"tables in {a.out}/ablations.md and {a.out}/ablations.json; checkpoints in {a.out}/{a.recipe}/")
+    return 0
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    from ..ablation.variants import ABLATIONS
+    p = sub.add_parser("ablate", help="the paper's ablation table: train and evaluate every variant",
+                       description="Variants: " + ", ".join(f"{n} ({ABLATIONS.get(n).paper_id})"
+                                                             for n in ABLATIONS.names()))
+    p.add_argument("--world", required=True, help="world folder (the quickstart's OUT/world)")
+    p.add_argument("--features", required=True,
+                   help="its features folder with train/ and <split>-single/, <split>-multi/ (the quickstart's "
+                        "OUT/features)")
+    p.add_argument("--recipe", default="paper", choices=["paper", "edits"],
+                   help="paper: FoCo's two stages; edits: each variant's paper run resumed into the edit stage "
+                        "(foco-edits, not in the FoCo paper)")
+    p.add_argument("--variants", default="all", help="'all' or names separated by commas (full is always added)")
+    p.add_argument("--split", default="test", choices=["val", "test"], help="the world split evaluated")
+    p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    p.add_argument("--seeds", type=_seeds, default=(0,),
+                   help="training seeds, e.g. 0,1,2: mean and sd per variant, paired deltas; a sign counts beyond "
+                        "noise from 3 seeds on")
+    p.add_argument("--pairs", type=positive_int, default=None,
+                   help="train on this many of the world's training pairs (a fixed random subset, the same for "
+                        "every variant and seed): a time budget")
+    p.add_argument("--size", default="default", choices=["tiny", "default"],
+                   help="the quickstart's training settings for this world size")
+    p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="of FoCo training")
+    p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each stage's steps (smoke runs)")
+    p.set_defaults(func=_ablate)
