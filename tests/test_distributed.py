@@ -59,6 +59,19 @@ def _finish(rank: int, world: int) -> None:
     os._exit(0)
 
 
+def _backward_and_report(losses: dict, model: torch.nn.Module, env, out: str) -> None:
+    """Backpropagates the rank's loss; rank 0 writes the gradients (`out`) and the losses averaged over ranks
+    (`out`.json)."""
+    import json
+    from foco.train.distributed import mean_across
+    losses["loss"].backward()
+    values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
+    if env.rank == 0:
+        from safetensors.torch import save_file
+        save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
+        Path(out + ".json").write_text(json.dumps(values))
+
+
 def _grads_single(stage: int, max_neg):
     from foco.train.losses import foco_losses, plan_negatives
     torch.manual_seed(0)
@@ -74,7 +87,7 @@ def _grads_single(stage: int, max_neg):
 def _grads_worker(rank: int, world: int, rendezvous: str, stage: int, max_neg, out: str) -> None:
     try:
         _init(rank, world, rendezvous)
-        from foco.train.distributed import DistEnv, mean_across
+        from foco.train.distributed import DistEnv
         from foco.train.foco import FoCoObjective, distributed_step
         torch.manual_seed(0)
         model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
@@ -82,12 +95,7 @@ def _grads_worker(rank: int, world: int, rendezvous: str, stage: int, max_neg, o
         env = DistEnv(rank, world)
         losses = distributed_step(ddp, _table(), torch.arange(16) * 3 % 64, max_neg, torch.Generator().manual_seed(5),
                                   stage == 2, env)
-        losses["loss"].backward()
-        values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
-        if rank == 0:
-            from safetensors.torch import save_file
-            save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
-            Path(out + ".json").write_text(__import__("json").dumps(values))
+        _backward_and_report(losses, model, env, out)
         _finish(rank, world)
     except Exception:
         traceback.print_exc()
@@ -257,19 +265,14 @@ EDIT_KW = dict(temperature=0.05, preserve_weight=0.3, use_negatives=True, image_
 
 def _edit_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     _init(rank, world, rendezvous)
-    from foco.train.distributed import DistEnv, mean_across
+    from foco.train.distributed import DistEnv
     from foco.train.foco import FoCoObjective
     torch.manual_seed(0)
     model = ComposedQueryEncoder(FoCoConfig(dim=D, heads=4, learn_bias=True))
     ddp = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
     env = DistEnv(rank, world)
     losses = ddp(_edit_batch(torch.arange(8) + 8 * rank), edit={**EDIT_KW, "env": env})
-    losses["loss"].backward()
-    values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
-    if rank == 0:
-        from safetensors.torch import save_file
-        save_file({n: p.grad.contiguous() for n, p in model.named_parameters() if p.grad is not None}, out)
-        Path(out + ".json").write_text(__import__("json").dumps(values))
+    _backward_and_report(losses, model, env, out)
     _finish(rank, world)
 
 

@@ -14,7 +14,7 @@ import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
 
-from test_distributed import _finish, _init, _rendezvous
+from test_distributed import _backward_and_report, _finish, _init, _rendezvous
 from test_train import train_features  # noqa: F401  (fixture: the tiny world's training features)
 
 # a global batch of 16 triplets (two per source image) with 9 distinct sources, an odd count; sources 0 and 4 are
@@ -79,7 +79,7 @@ KINDS = ("pact-identity", "pact-joint", "tscir-mapping", "tscir-composing")
 def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     """Every kind's losses and gradients on this rank, one process group for all (rank 0 saves them)."""
     _init(rank, world, rendezvous)
-    from foco.train.distributed import DistEnv, data_parallel, mean_across
+    from foco.train.distributed import DistEnv, data_parallel
     env = DistEnv(rank, world)
     for kind in KINDS:
         composer, table, cfg = _setup(kind)
@@ -87,12 +87,7 @@ def _worker(rank: int, world: int, rendezvous: str, out: str) -> None:
             composer.mapper.requires_grad_(False)  # stage 2 trains the tower alone
         objective = data_parallel(composer, env)
         losses = objective(lambda: _losses(kind, composer, table, cfg, env))
-        losses["loss"].backward()
-        values = mean_across({k: float(v.detach()) for k, v in losses.items()}, env)
-        if rank == 0:
-            from safetensors.torch import save_file
-            save_file({k: v.contiguous() for k, v in _grads(composer).items()}, f"{out}.{kind}")
-            Path(f"{out}.{kind}.json").write_text(json.dumps(values))
+        _backward_and_report(losses, composer, env, f"{out}.{kind}")
     _finish(rank, world)
 
 

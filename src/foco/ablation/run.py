@@ -92,6 +92,7 @@ class _Data:
         self.tables: dict[str, object] = {}
         self.edits: dict[str, object] = {}
         self.keep: set[str] | None = None
+        self.benchmark = _Benchmark(cfg.world, cfg.features, cfg.split)
 
     def _decompositions(self, decomposer: str) -> dict:
         from ..world.decompositions import world_decompositions
@@ -176,7 +177,7 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
         train_stage3(data.table(variant.decomposer), paper_dir, folder, train_cfg, data.edit_plan,
                      data.edit_table(variant.decomposer), data.backbone.spec, meta)
     trained_s = time.time() - t0
-    row = evaluate_checkpoint(cfg.world, cfg.features, cfg.split, folder)
+    row = data.benchmark.evaluate(folder)
     atomic_write_text(result, json.dumps({"variant": variant.name, "seed": seed, "recipe": cfg.recipe,
                                           "split": cfg.split, "metrics": row, "train_s": round(trained_s, 1),
                                           "eval_s": round(time.time() - t0 - trained_s, 1)}, indent=2) + "\n")
@@ -190,14 +191,26 @@ def _trained(folder: Path, stage3: bool) -> bool:
         (not stage3 or "recipe" in json.loads(meta.read_text()))
 
 
-def evaluate_checkpoint(world: Path, features: Path, split: str, checkpoint: Path) -> dict:
-    """The FoCo checkpoint's metrics on the world's `split` (both protocols) through the one evaluation path."""
-    from ..benchmarks.world import read_world
-    from ..eval.evaluate import EvalConfig, evaluate, world_cache_features
-    from ..methods import MethodOptions
-    res = evaluate(read_world(world, split), world_cache_features(features),
-                   EvalConfig(methods=("foco",), options=MethodOptions(checkpoint=checkpoint)))
-    return res["methods"]["foco"]
+class _Benchmark:
+    """The world's `split` and its features, read once and shared by every checkpoint's evaluation."""
+
+    def __init__(self, world: Path, features: Path, split: str):
+        from ..benchmarks.world import read_world
+        from ..eval.evaluate import world_cache_features
+        self.parts, self._source, self._features = read_world(world, split), world_cache_features(features), {}
+
+    def features(self, bench):
+        if bench.name not in self._features:
+            self._features[bench.name] = self._source(bench)
+        return self._features[bench.name]
+
+    def evaluate(self, checkpoint: Path) -> dict:
+        """The FoCo checkpoint's metrics on both protocols through the one evaluation path."""
+        from ..eval.evaluate import EvalConfig, evaluate
+        from ..methods import MethodOptions
+        res = evaluate(self.parts, self.features, EvalConfig(methods=("foco",),
+                                                             options=MethodOptions(checkpoint=checkpoint)))
+        return res["methods"]["foco"]
 
 
 def _check_settings(out: Path, cfg: AblateConfig, backbone: str, precision: str) -> None:
