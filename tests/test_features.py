@@ -3,6 +3,7 @@ import json
 
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from foco.backbones.base import ImageFeatures, TextFeatures
 from foco.features import ExtractConfig, FeatureCache, extract_images
@@ -59,11 +60,19 @@ def test_round_trip_matches_direct_encoding(tmp_path, tiny_world):
     assert lengths == sorted(lengths)  # stored shortest first
     # captions, local and contextual captions are all there
     assert any(t.startswith("a ") and len(t.split()) <= 4 for t in tids)
-    row = tids.index(texts[7][1])
-    d = bb.encode_texts([texts[7][1]])
-    n = int(d.mask.sum())
-    assert torch.allclose(tf.global_[row], d.global_[0]) and tf.mask[row].sum() == n
-    assert torch.allclose(tf.tokens[row, :n], d.tokens[0, :n])
+    # a pairs split stores tokens for the contextual captions only (what training reads), globals for every text
+    from foco.world.splits import context_texts
+    contexts = context_texts(tiny_world, "backbone_val")
+    context = next(t for _, t in texts if t in contexts)
+    other = next(t for _, t in texts if t not in contexts)
+    for text, has_tokens in ((context, True), (other, False)):
+        row = tids.index(text)
+        d = bb.encode_texts([text])
+        n = int(d.mask.sum()) if has_tokens else 0
+        assert torch.allclose(tf.global_[row], d.global_[0]) and tf.mask[row].sum() == n
+        assert torch.allclose(tf.tokens[row, :n], d.tokens[0, :n])
+    ragged = load_file(str(tmp_path / "c" / "texts" / "shard-00000.safetensors"))
+    assert set(ragged) == {"global", "tokens", "offsets"} and ragged["tokens"].ndim == 2
     assert json.loads((tmp_path / "c" / "manifest.json").read_text())["backbone"] == "test:hash"
 
 

@@ -6,12 +6,22 @@ Layout of a cache folder::
     images/shard-00000.safetensors      global (n, D), patches (n, P, D)
     images/shard-00000.json             {"ids": [...], "sha256": ...}: written after its tensors, so it marks the
                                         shard done, and records their content hash
-    texts/shard-00000.safetensors       global (n, D), tokens (n, L, D), mask (n, L)
+    texts/shard-00000.safetensors       global (n, D); tokens (T, D) ragged, offsets (n + 1,): text i's tokens are
+                                        rows offsets[i]:offsets[i + 1] (none for a text stored without tokens)
     texts/shard-00000.json
 
-Extraction is resumable: finished shards are kept, and a rerun encodes only the missing ones, and again any shard
-whose bytes no longer match their recorded sha256 (a damaged file is repaired, never reported as cached). Reading
-checks the same hash. A cache made with another backbone or for another item list is refused rather than mixed.
+Each shard's record holds the sha256 of its bytes, and their size and mtime when written. Extraction is resumable:
+finished shards are kept, and a rerun encodes only the missing ones, and again any damaged one (repaired, never
+reported as cached). Reading checks a shard's size and mtime against its record, and hashes only a shard whose
+size or mtime changed: a training start over terabytes re-hashes nothing. `foco features verify` hashes every
+shard (and records the size and mtime of an intact shard that was copied or touched). Reading goes by rows
+(`foco.feature_store`): training reads a batch at a time, never the whole cache.
+
+What to store is a choice of `ExtractConfig`: a training split stores tokens only for the contextual captions
+(F_Comp reads them token by token) and the global vector of everything else (the local captions, the captions),
+because training reads nothing more. Caches written before issue 22 store texts padded, tokens (n, L, D) and mask
+(n, L); they are read as they are. A cache made with another backbone or for another item list is refused rather
+than mixed.
 """
 from __future__ import annotations
 
@@ -42,6 +52,7 @@ class ExtractConfig:
     dtype: str = "float16"  # storage dtype of the features; the globals are re-normalised on load
     patches: bool = True  # store image patch features (needed by FoCo; off for a gallery-only index)
     tokens: bool = True  # store text token features
+    tokens_for: frozenset[str] | None = None  # with tokens: only for these text ids (None: every text)
     out_flag: str = "--out"  # the flag that names this cache's folder, for error messages ("--cache" in foco eval)
     precision: str = "fp32"  # "bf16": encode under bf16 autocast (foco.utils.precision); part of the cache's identity
 
@@ -93,7 +104,6 @@ def _record_speed(out: Path, kind: str, n: int, seconds: float) -> None:
 
 def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: list, out: Path,
              cfg: ExtractConfig) -> dict:
-    from safetensors.torch import save as st_save
     if len(set(ids)) != len(ids):
         raise ValueError(f"{kind}: ids must be unique")
     out.mkdir(parents=True, exist_ok=True)
@@ -120,42 +130,65 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     for s in todo:
         parts: dict[str, list[torch.Tensor]] = {}
         for batch in iter_batches(shards[s], cfg.batch_size):
-            with autocast(cfg.precision):
-                feats = encode([payload[i] for i in batch])
+            with autocast(cfg.precision, getattr(backbone, "device", "cpu")):
+                feats = encode([payload[i] for i in batch], [ids[i] for i in batch])
             for name, t in feats.items():
-                parts.setdefault(name, []).append(t)
+                parts.setdefault(name, []).append(t.detach().cpu())
             encoded += len(batch)
             bar.update(len(batch))
         tensors = {name: _cat(ts).to(dtype) if ts[0].is_floating_point() else _cat(ts)
                    for name, ts in parts.items()}
-        data = st_save(tensors)
-        atomic_write_bytes(shard_dir / f"shard-{s:05d}.safetensors", data)
-        atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({"ids": [ids[i] for i in shards[s]],
-                                                                         "sha256": hashlib.sha256(data).hexdigest()}))
+        if "lengths" in tensors:  # ragged tokens: their offsets
+            tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), tensors.pop("lengths").long().cumsum(0)])
+        write_shard(shard_dir, s, tensors, [ids[i] for i in shards[s]])
     bar.close()
     _record_speed(out, kind, encoded, time.time() - t0)
     return {"items": len(ids), "encoded": encoded, "seconds": time.time() - t0, "repaired": repaired}
 
 
-def shard_problem(shard_dir: Path, s: int) -> str | None:
-    """None when shard `s` is finished and intact; otherwise what is wrong with it. Shards written before hashes
-    were recorded are taken as they are."""
+def write_shard(shard_dir: Path, s: int, tensors: dict[str, torch.Tensor], ids: list[str]) -> None:
+    """Writes shard `s` (its tensors, then its record: ids, sha256, size and mtime) atomically."""
+    from safetensors.torch import save as st_save
+    data = st_save({k: v.contiguous() for k, v in tensors.items()})
+    shard = shard_dir / f"shard-{s:05d}.safetensors"
+    atomic_write_bytes(shard, data)
+    st = shard.stat()
+    atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({
+        "ids": ids, "sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}))
+
+
+def shard_problem(shard_dir: Path, s: int, deep: bool = False) -> str | None:
+    """None when shard `s` is finished and intact; otherwise what is wrong with it. A shard whose size and mtime
+    match its record is taken as intact unless `deep` (hash every byte); one that differs is hashed. Shards written
+    before hashes were recorded are taken as they are."""
     meta, shard = shard_dir / f"shard-{s:05d}.json", shard_dir / f"shard-{s:05d}.safetensors"
     if not meta.is_file():
         return "not encoded yet"
     if not shard.is_file():
         return "its tensors are missing"
     try:
-        want = read_json(meta).get("sha256")
+        record = read_json(meta)
     except ValueError:
         return f"its record {meta.name} is unreadable"
-    if want is not None and sha256_file(shard) != want:
+    want = record.get("sha256")
+    if want is None:
+        return None
+    if not deep and _stamp_matches(shard, record):
+        return None
+    if sha256_file(shard) != want:
         return "its bytes do not match the sha256 recorded in " + meta.name
     return None
 
 
+def _stamp_matches(shard: Path, record: dict) -> bool:
+    st = shard.stat()
+    return record.get("bytes") == st.st_size and record.get("mtime_ns") == st.st_mtime_ns
+
+
 def verify_cache(path: str | Path) -> dict:
-    """Checks every shard of a cache against its recorded sha256: {kind: {"shards", "bad": [messages]}}."""
+    """Hashes every shard of a cache against its recorded sha256: {kind: {"shards", "bad": [messages]}}. An intact
+    shard whose size or mtime no longer match its record (copied, touched) gets them recorded again, so that reads
+    need not hash it."""
     path = Path(path)
     manifest = read_json(path / "manifest.json")
     report = {}
@@ -163,10 +196,24 @@ def verify_cache(path: str | Path) -> dict:
         if kind not in manifest:
             continue
         n_shards = -(-manifest[kind]["count"] // manifest["shard_size"])
-        bad = [f"{path / kind / f'shard-{s:05d}.safetensors'}: {p}" for s in range(n_shards)
-               if (p := shard_problem(path / kind, s)) is not None]
+        bad = []
+        for s in range(n_shards):
+            problem = shard_problem(path / kind, s, deep=True)
+            if problem is not None:
+                bad.append(f"{path / kind / f'shard-{s:05d}.safetensors'}: {problem}")
+            else:
+                _restamp(path / kind, s)
         report[kind] = {"shards": n_shards, "bad": bad}
     return report
+
+
+def _restamp(shard_dir: Path, s: int) -> None:
+    meta, shard = shard_dir / f"shard-{s:05d}.json", shard_dir / f"shard-{s:05d}.safetensors"
+    record = read_json(meta)
+    if record.get("sha256") is None or _stamp_matches(shard, record) or not os.access(meta.parent, os.W_OK):
+        return
+    st = shard.stat()
+    atomic_write_text(meta, json.dumps({**record, "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}))
 
 
 def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
@@ -182,7 +229,7 @@ def extract_images(backbone: Backbone, items: Sequence[tuple[str, Any]], out: st
     """Encodes images given as (id, source) into `out`/images. A source is a path, or an object with `load()`
     returning a PIL image and a `str()` that identifies it (e.g. a crop: `foco.benchmarks.ImageRef`).
     Unreadable images raise, naming the file."""
-    def encode(sources):
+    def encode(sources, _ids):
         f = backbone.encode_images([s.load() if hasattr(s, "load") else load_image(s) for s in sources])
         return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {})}
     sources = [s if hasattr(s, "load") else Path(s) for _, s in items]  # paths: keyed resolved (`_cache_key`)
@@ -191,64 +238,86 @@ def extract_images(backbone: Backbone, items: Sequence[tuple[str, Any]], out: st
 
 def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str | Path,
                   cfg: ExtractConfig = ExtractConfig()) -> dict:
-    """Encodes texts given as (id, text) into `out`/texts. Texts are stored shortest first, so that batches of
-    similar length waste little padding; read them back by id."""
+    """Encodes texts given as (id, text) into `out`/texts, tokens ragged (module docstring): every text's tokens,
+    or only those of `cfg.tokens_for`. Texts are stored shortest first, so that an encoder batch wastes little
+    padding; read them back by id."""
     items = sorted(items, key=lambda it: len(it[1]))
-    def encode(texts):
+    def encode(texts, text_ids):
         f = backbone.encode_texts(texts)
-        return {"global": f.global_, **({"tokens": f.tokens, "mask": f.mask} if cfg.tokens else {})}
+        if not cfg.tokens:
+            return {"global": f.global_}
+        lengths = f.mask.sum(1).cpu()  # (n,) real tokens (right-padded)
+        if cfg.tokens_for is not None:
+            lengths = lengths * torch.tensor([i in cfg.tokens_for for i in text_ids], dtype=lengths.dtype)
+        keep = torch.arange(f.mask.shape[1])[None, :] < lengths[:, None]  # (n, L)
+        return {"global": f.global_, "tokens": f.tokens.cpu()[keep], "lengths": lengths}  # tokens (T, D)
     return _extract("texts", encode, backbone, [i for i, _ in items], [t for _, t in items], Path(out), cfg)
 
 
+_FIX = "rerun the `foco features extract` command that made this cache: it encodes damaged shards again"
+
+
 class FeatureCache:
-    """Read access to a cache folder: all shards of a kind, concatenated in id order of extraction."""
+    """Read access to a cache folder: a kind's shards as one row space (`rows`, read a batch at a time), or whole
+    (`images`, `texts`: for benchmark-sized caches)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.manifest = read_json(self.path / "manifest.json")
 
-    def ids(self, kind: str) -> list[str]:
-        """The ids of `kind` ("images" or "texts") in row order, read from the shard records alone."""
+    def _n_shards(self, kind: str) -> int:
         entry = self.manifest.get(kind)
         if entry is None:
             raise KeyError(f"{self.path} holds no {kind}")
-        n_shards = -(-entry["count"] // self.manifest["shard_size"])
-        return [i for s in range(n_shards) for i in read_json(self.path / kind / f"shard-{s:05d}.json")["ids"]]
+        return -(-entry["count"] // self.manifest["shard_size"])
 
-    def _load(self, kind: str) -> tuple[list[str], dict[str, torch.Tensor]]:
-        from .utils.io import load_tensors
-        entry = self.manifest.get(kind)
-        if entry is None:
-            raise KeyError(f"{self.path} holds no {kind}")
+    def _records(self, kind: str) -> list[dict]:
+        """Every shard's record, each shard checked (size and mtime; hashed only when they changed)."""
         shard_dir = self.path / kind
-        ids, parts = [], {}
-        n_shards = -(-entry["count"] // self.manifest["shard_size"])
-        for s in range(n_shards):
+        records = []
+        for s in range(self._n_shards(kind)):
             meta = shard_dir / f"shard-{s:05d}.json"
             if not meta.is_file():
                 raise FileNotFoundError(f"{meta} is missing: extraction did not finish; rerun `foco features extract`")
-            shard = shard_dir / f"shard-{s:05d}.safetensors"
-            fix = "rerun the `foco features extract` command that made this cache: it encodes damaged shards again"
             problem = shard_problem(shard_dir, s)
             if problem is not None:
-                raise ValueError(f"{shard}: {problem}; {fix}")
-            ids += read_json(meta)["ids"]
-            for name, t in load_tensors(shard, fix).items():
-                parts.setdefault(name, []).append(t)
-        return ids, {name: _cat(ts) for name, ts in parts.items()}
+                raise ValueError(f"{shard_dir / f'shard-{s:05d}.safetensors'}: {problem}; {_FIX}")
+            records.append(read_json(meta))
+        return records
 
-    def images(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], ImageFeatures]:
-        """Ids and features; globals are float32 and re-normalised, patches in `dtype` (None: as stored)."""
-        ids, t = self._load("images")
-        g = torch.nn.functional.normalize(t["global"].float(), dim=-1)
-        patches = t["patches"] if "patches" in t else torch.empty(len(ids), 0, g.shape[1])
-        return ids, ImageFeatures(g, patches if dtype is None else patches.to(dtype))
+    def ids(self, kind: str) -> list[str]:
+        """The ids of `kind` ("images" or "texts") in row order, read from the shard records alone."""
+        return [i for s in range(self._n_shards(kind))
+                for i in read_json(self.path / kind / f"shard-{s:05d}.json")["ids"]]
+
+    def rows(self, kind: str) -> tuple[list[str], "Rows"]:
+        """Ids in row order and the kind's shards as one row space (`foco.feature_store.Rows`), every shard checked
+        by size and mtime; nothing is read yet."""
+        from .feature_store import Rows
+        records = self._records(kind)
+        paths = [self.path / kind / f"shard-{s:05d}.safetensors" for s in range(len(records))]
+        return [i for r in records for i in r["ids"]], Rows(paths, [len(r["ids"]) for r in records], _FIX)
+
+    def images(self, dtype: torch.dtype | None = torch.float32, patches: bool = True
+               ) -> tuple[list[str], ImageFeatures]:
+        """Ids and every image's features; globals are float32 and re-normalised, patches in `dtype` (None: as
+        stored; `patches=False`: none read)."""
+        ids, rows = self.rows("images")
+        every = range(len(ids))
+        g = torch.nn.functional.normalize(rows.rows("global", every).float(), dim=-1)
+        p = rows.rows("patches", every) if patches and rows.has("patches") else torch.empty(len(ids), 0, g.shape[1])
+        rows.close()
+        return ids, ImageFeatures(g, p if dtype is None else p.to(dtype))
 
     def texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], TextFeatures]:
-        """Ids and features; globals are float32 and re-normalised, tokens in `dtype` (None: as stored)."""
-        ids, t = self._load("texts")
-        g = torch.nn.functional.normalize(t["global"].float(), dim=-1)
-        if "tokens" in t:
-            tokens = t["tokens"] if dtype is None else t["tokens"].to(dtype)
-            return ids, TextFeatures(g, tokens, t["mask"].bool())
+        """Ids and every text's features; globals are float32 and re-normalised, tokens in `dtype` (None: as stored),
+        padded to the longest text."""
+        ids, rows = self.rows("texts")
+        every = range(len(ids))
+        g = torch.nn.functional.normalize(rows.rows("global", every).float(), dim=-1)
+        if rows.has("tokens"):
+            tokens, mask = rows.tokens(every)
+            rows.close()
+            return ids, TextFeatures(g, tokens if dtype is None else tokens.to(dtype), mask)
+        rows.close()
         return ids, TextFeatures(g, torch.empty(len(ids), 0, g.shape[1]), torch.empty(len(ids), 0, dtype=torch.bool))

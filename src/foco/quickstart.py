@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-import shutil
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 
 from .backbones.world import PRETRAINED, load_world_backbone
@@ -21,18 +20,15 @@ from .benchmarks.world import read_world
 from .decompose import build_decomposer
 from .decompose.inputs import read_captions
 from .decompose.run import run_decompose
-from .edits.rule import RuleWriter
-from .edits.run import GenerateConfig, run_generate
-from .edits.store import EditStore
 from .eval.evaluate import EvalConfig, evaluate, label, val_parts, world_cache_features
 from .eval.figures import FigureRow, edit_type_chart, retrieval_figure
 from .features import ExtractConfig
 from .methods import DEFAULT_METHODS, MethodOptions
-from .model import FoCoConfig
-from .train.data import build_pair_table
-from .train.edit_data import build_edit_table, encode_edit_texts
-from .train.foco import FoCoTrainConfig, train_foco
-from .train.world_backbone import BackboneTrainConfig, train_world_backbone
+from .train.foco import train_foco
+from .train.inputs import PairSource, pair_table
+from .train.recipes import QuickstartPlan, edit_triplets, quickstart_plan, train_stage3
+from .train.world_backbone import train_world_backbone
+from .utils.device import resolve_device
 from .utils.io import atomic_write_text
 from .utils.precision import resolve_precision
 from .world.decompositions import world_decompositions
@@ -42,56 +38,14 @@ from .world.splits import extract_world_split
 log = logging.getLogger(__name__)
 
 
-@dataclass
-class EditPlan:
-    """foco-edits in the demo: rule-written triplets from the first `sources` training captions, then stage 3."""
-
-    sources: int | None = None  # None: every training caption
-    per_caption: int = 1
-    max_negatives: int = 1  # negative captions encoded and used per triplet (the first is the unedited caption)
-    stage3_epochs: int = 6
-    lr_edit: float = 1e-3
-    image_weight: float = 0.3  # the retrieved target image's term (threshold "auto"); 0: captions only
-
-
-@dataclass
-class QuickstartPlan:
-    size: str
-    backbone: BackboneTrainConfig
-    foco: FoCoTrainConfig
-    edits: EditPlan = field(default_factory=EditPlan)
-    benchmark_split: str = "test"
-    figures: int = 6
-
-
-def quickstart_plan(size: str) -> QuickstartPlan:
-    """World-sized settings. The paper's recipe (lr 5e-4, then 5e-5/3e-5, batch 512, 3 + 30 epochs) is for CC3M
-    with ViT-L/14; the world has 10k pairs and 2 CPU cores, so fewer, larger steps and at most 31 negatives per
-    anchor. The learnable sigmoid bias is on: without it FoCo collapses on the world (docs/benchmarks.md)."""
-    if size == "tiny":
-        return QuickstartPlan(
-            size, BackboneTrainConfig(epochs=8, batch_size=64),
-            FoCoTrainConfig(stage1_epochs=2, stage2_epochs=4, batch_size=64, lr_stage1=1e-3, lr_aggr=5e-4,
-                            lr_comp=5e-4, model=FoCoConfig(learn_bias=True)),
-            EditPlan(per_caption=2, stage3_epochs=4))
-    return QuickstartPlan(
-        size, BackboneTrainConfig(epochs=6, batch_size=256),
-        FoCoTrainConfig(stage1_epochs=2, stage2_epochs=3, batch_size=128, lr_stage1=1e-3, lr_aggr=3e-4,
-                        lr_comp=3e-4, max_negatives=31, model=FoCoConfig(learn_bias=True)),
-        EDIT_PLAN_DEFAULT)
-
-
-EDIT_PLAN_DEFAULT = EditPlan(sources=5000, per_caption=1, max_negatives=1, stage3_epochs=9, lr_edit=1e-3,
-                             image_weight=0.3)
-
-
 def _stage(name: str):
     log.info("== %s", name)
     return time.time()
 
 
 def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomposer: str = "oracle",
-                   train_backbone: bool = False, world_seed: int = 0, precision: str = "auto") -> dict:
+                   train_backbone: bool = False, world_seed: int = 0, precision: str = "auto",
+                   device: str = "auto") -> dict:
     """`decomposer` other than oracle (the paper's rule-based ablation) trains and evaluates into its own
     folders (features/train-<name>, foco-<name>, results-<name>.json) beside the oracle run, reusing the rest.
 
@@ -99,13 +53,15 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     the default world's pretrain split, seed 0; its sha256 is checked at load), as a user starts from pretrained
     CLIP weights. `train_backbone` trains one on this world instead, into `out`/backbone. `seed` seeds the training
     (FoCo, foco-edits, and the backbone when trained); `world_seed` seeds the world. `precision` ("auto": bf16 where
-    the CPU has it natively, else fp32) applies to feature extraction and FoCo training."""
+    the CPU has it natively, else fp32) applies to feature extraction and FoCo training. `device` ("auto": CUDA
+    where present) runs the backbone and every training."""
     out = Path(out)
     suffix = "" if decomposer == "oracle" else f"-{decomposer}"
     plan = quickstart_plan(size)
-    precision = resolve_precision(precision)
-    plan = replace(plan, backbone=replace(plan.backbone, seed=seed),
-                   foco=replace(plan.foco, seed=seed, precision=precision))
+    device = str(resolve_device(device))
+    precision = resolve_precision(precision, device)
+    plan = replace(plan, backbone=replace(plan.backbone, seed=seed, device=device),
+                   foco=replace(plan.foco, seed=seed, precision=precision, device=device))
     log.info("precision: %s (%s)", precision, "native bfloat16 on this CPU" if precision == "bf16" else
              "no native bfloat16 here")
     timings = {}
@@ -118,7 +74,7 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     bb_dir = out / "backbone" if train_backbone else PRETRAINED
     if train_backbone and not (bb_dir / "metrics.json").is_file():
         train_world_backbone(world, bb_dir, plan.backbone)
-    backbone = load_world_backbone(bb_dir)
+    backbone = load_world_backbone(bb_dir, device)
     _check_backbone(out / "backbone.json", backbone.spec)
     timings["backbone_s"] = time.time() - t
 
@@ -139,17 +95,18 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
             extract_world_split(backbone, world, f"{split}/{protocol}", feats / f"{split}-{protocol}", xcfg)
     timings["features_s"] = time.time() - t
 
+    source = PairSource(feats / f"train{suffix}", world, "train", store=store, decomposer=decomposer)
     t = _stage(f"FoCo training ({decomposer} decompositions)")
     foco_dir = out / f"foco{suffix}"
     if not (foco_dir / "foco.safetensors").is_file():
-        table = build_pair_table(feats / f"train{suffix}", decompositions)
+        table, _ = pair_table(source)
         train_foco(table, foco_dir, plan.foco, resume=True, meta={"backbone": backbone.spec})
     timings["foco_train_s"] = time.time() - t
 
     t = _stage("edit triplets and foco-edits (a third stage, not in the FoCo paper)")
     edits_dir = out / f"foco-edits{suffix}"
     if not (edits_dir / "foco.safetensors").is_file() or not _has_stage3(edits_dir):
-        train_foco_edits(out, suffix, feats / f"train{suffix}", decompositions, backbone, foco_dir, edits_dir, plan,
+        train_foco_edits(out, suffix, source, decompositions, backbone, foco_dir, edits_dir, plan,
                          [r.id for r in records])
     timings["foco_edits_s"] = time.time() - t
 
@@ -208,43 +165,13 @@ def _has_stage3(folder: Path) -> bool:
     return meta.is_file() and "recipe" in json.loads(meta.read_text())
 
 
-def train_foco_edits(out: Path, suffix: str, train_features: Path, decompositions: dict, backbone, foco_dir: Path,
+def train_foco_edits(out: Path, suffix: str, source: PairSource, decompositions: dict, backbone, foco_dir: Path,
                      edits_dir: Path, plan: QuickstartPlan, ids: list[str]) -> None:
     """Rule-written ITT triplets of the training captions, their texts encoded once, then FoCo's third stage,
     resumed from the paper-recipe checkpoint (a copy of its folder, so the paper's stages are not rerun)."""
-    table = edit_triplets(out / f"edits{suffix}.sqlite", out / "features" / f"edit-texts{suffix}", train_features,
+    table = edit_triplets(out / f"edits{suffix}.sqlite", out / "features" / f"edit-texts{suffix}", source.features,
                           decompositions, backbone, plan.edits, ids, plan.foco.precision)
-    train_stage3(build_pair_table(train_features, decompositions), foco_dir, edits_dir, plan.foco, plan.edits, table,
-                 backbone.spec)
-
-
-def edit_triplets(store: Path, texts: Path, train_features: Path, decompositions: dict, backbone, ep: EditPlan,
-                  ids: list[str], precision: str = "fp32"):
-    """The EditTable of foco-edits: rule-written ITT triplets of the first `ep.sources` captions of `ids` (into
-    `store`), their texts encoded once (into `texts`), joined with `train_features`; with the retrieved target
-    images when `ep.image_weight` > 0. Every step resumes."""
-    sources = [(i, decompositions[i]) for i in ids if i in decompositions][:ep.sources]
-    stats = run_generate(sources, RuleWriter("train"), store, GenerateConfig(per_caption=ep.per_caption))
-    with EditStore(store) as st:
-        records = st.records(stats.settings_id)
-    encode_edit_texts(backbone, records, texts, max_negatives=ep.max_negatives, cfg=ExtractConfig(precision=precision))
-    table = build_edit_table(train_features, texts, records, max_negatives=ep.max_negatives)
-    if ep.image_weight > 0:
-        table, match = table.with_targets("auto")
-        log.info(match.summary())
-    return table
-
-
-def train_stage3(pairs, foco_dir: Path, edits_dir: Path, cfg: FoCoTrainConfig, ep: EditPlan, edits,
-                 backbone_spec: str, meta: dict | None = None) -> None:
-    """foco-edits from a finished paper-recipe run in `foco_dir`: its folder copied to `edits_dir` (once), then
-    resumed into the edit stage with `cfg` (the paper run's settings) and the plan's stage-3 settings."""
-    if not (edits_dir / "train_state").exists():
-        shutil.rmtree(edits_dir, ignore_errors=True)
-        shutil.copytree(foco_dir, edits_dir)
-    cfg = replace(cfg, stage3_epochs=ep.stage3_epochs, lr_edit_aggr=ep.lr_edit, lr_edit_comp=ep.lr_edit,
-                  image_weight=ep.image_weight)
-    train_foco(pairs, edits_dir, cfg, resume=True, meta={"backbone": backbone_spec, **(meta or {})}, edits=edits)
+    train_stage3(pair_table(source)[0], foco_dir, edits_dir, plan.foco, plan.edits, table, backbone.spec)
 
 
 QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHODS if m != "foco"))

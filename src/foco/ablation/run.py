@@ -48,13 +48,15 @@ class AblateConfig:
     size: str = "default"  # the quickstart plan whose training settings every variant uses
     precision: str = "auto"
     max_steps: int | None = None  # cap on each stage's steps (smoke runs)
+    device: str = "auto"  # foco.utils.device
 
 
 def run_ablation(cfg: AblateConfig) -> dict:
     """Trains and evaluates every (variant, seed) not done yet; returns the table of this recipe and split (also
     merged into OUT/ablations.json and OUT/ablations.md)."""
     from ..backbones import create_backbone
-    from ..quickstart import quickstart_plan
+    from ..train.recipes import quickstart_plan
+    from ..utils.device import resolve_device
     from ..utils.precision import resolve_precision
     if cfg.recipe not in RECIPES:
         raise ValueError(f"--recipe {cfg.recipe!r}: choose one of {', '.join(RECIPES)}")
@@ -66,9 +68,11 @@ def run_ablation(cfg: AblateConfig) -> dict:
                                     f"train, val and test features) or `foco features extract` for it")
     manifest = read_json(train_features / "manifest.json")
     plan = quickstart_plan(cfg.size)
-    base = replace(plan.foco, precision=resolve_precision(cfg.precision), max_steps=cfg.max_steps)
+    device = str(resolve_device(cfg.device))
+    base = replace(plan.foco, precision=resolve_precision(cfg.precision, device), max_steps=cfg.max_steps,
+                   device=device)
     _check_settings(out, cfg, manifest["backbone"], base.precision)
-    backbone = create_backbone(manifest["backbone"])
+    backbone = create_backbone(manifest["backbone"], device)
     data = _Data(cfg, backbone, train_features, manifest.get("precision", "fp32"), plan.edits)
     t0, todo = time.time(), [(v, s) for s in cfg.seeds for v in cfg.variants]
     for n, (variant, seed) in enumerate(todo, 1):
@@ -138,14 +142,14 @@ class _Data:
         from ..train.data import build_pair_table
         if decomposer not in self.tables:
             decs = self._decompositions(decomposer)
-            full = build_pair_table(self.features[decomposer], decs)
+            full = build_pair_table(self.features[decomposer], decs)  # the decompositions are this run's own
             self.tables[decomposer] = full.subset(self.subset(full.ids))
         return self.tables[decomposer]
 
     def edit_table(self, decomposer: str):
         """foco-edits' triplets, written from the oracle decompositions of the --pairs images, joined with the
         variant's training features."""
-        from ..quickstart import edit_triplets
+        from ..train.recipes import edit_triplets
         table = self.table(decomposer)
         if decomposer not in self.edits:
             out = Path(self.cfg.out)
@@ -172,7 +176,7 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
         log.info("%s: training the paper recipe", where)
         train_foco(data.table(variant.decomposer), paper_dir, train_cfg, resume=True, meta=meta)
     if cfg.recipe == "edits" and not _trained(folder, stage3=True):
-        from ..quickstart import train_stage3
+        from ..train.recipes import train_stage3
         log.info("%s: training the edit stage", where)
         train_stage3(data.table(variant.decomposer), paper_dir, folder, train_cfg, data.edit_plan,
                      data.edit_table(variant.decomposer), data.backbone.spec, meta)

@@ -43,9 +43,11 @@ class Backbone(Protocol):
     embed_dim: int  # D
     num_patches: int  # P
 
-    def encode_images(self, images: Sequence["Image.Image"]) -> ImageFeatures: ...
+    # Each runs on the backbone's own device (its inputs are moved there) and hands back float32 features on
+    # `device`: the CPU by default (what the feature store writes), the model's device for online encoding.
+    def encode_images(self, images: Sequence["Image.Image"], device: str | torch.device = "cpu") -> ImageFeatures: ...
 
-    def encode_texts(self, texts: Sequence[str]) -> TextFeatures: ...
+    def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures: ...
 
     @property
     def spec(self) -> str:

@@ -191,8 +191,9 @@ class HFBackbone:
         """The registry string that recreates this backbone."""
         return f"hf:{self.name_or_path}"
 
-    def encode_images(self, images: Sequence[Image.Image]) -> ImageFeatures:
-        """Encodes a batch of B images into a normalised global (B, D) and projected patches (B, P, D)."""
+    def encode_images(self, images: Sequence[Image.Image], device: str | torch.device = "cpu") -> ImageFeatures:
+        """Encodes a batch of B images into a normalised global (B, D) and projected patches (B, P, D), float32 on
+        `device` (the CPU by default)."""
         rgb = [im.convert("RGB") for im in images]
         with torch.inference_mode():
             pixels = self.image_processor(images=rgb, return_tensors="pt")["pixel_values"]  # (B, 3, H, W)
@@ -208,13 +209,14 @@ class HFBackbone:
                 global_ = out.pooler_output  # (B, D), MAP head
                 patches = hidden  # (B, P, D), already post_layernorm-ed
             global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
-        return ImageFeatures(global_=global_.cpu(), patches=patches.float().cpu())
+        return ImageFeatures(global_=global_.to(device), patches=patches.float().to(device))
 
-    def encode_texts(self, texts: Sequence[str]) -> TextFeatures:
-        """Encodes a batch of B texts into a normalised global (B, D), projected tokens (B, L, D) and a mask."""
+    def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:
+        """Encodes a batch of B texts into a normalised global (B, D), projected tokens (B, L, D) and a mask, on
+        `device` (the CPU by default)."""
         with torch.inference_mode():
             input_ids, mask = self._tokenize(texts)  # (B, L), (B, L)
-            return self._encode_ids(input_ids, mask)
+            return self._encode_ids(input_ids, mask, out_device=device)
 
     # -- pseudo tokens (Pic2Word-style methods) ------------------------------------------------------------------
 
@@ -250,7 +252,7 @@ class HFBackbone:
         text_model = text_model if text_model is not None else self.model.text_model
         handle = text_model.embeddings.token_embedding.register_forward_hook(replace)
         try:
-            return self._encode_ids(input_ids, mask, text_model)
+            return self._encode_ids(input_ids, mask, text_model, out_device=embeddings.device)  # the caller's
         finally:
             handle.remove()
 
@@ -273,7 +275,8 @@ class HFBackbone:
         return input_ids, mask
 
     def _encode_ids(self, input_ids: torch.Tensor, mask: torch.Tensor,
-                    text_model: torch.nn.Module | None = None) -> TextFeatures:
+                    text_model: torch.nn.Module | None = None, out_device: str | torch.device = "cpu"
+                    ) -> TextFeatures:
         input_ids = input_ids.to(self.device)  # (B, L)
         text_model = text_model if text_model is not None else self.model.text_model
         if self.family == _CLIP:
@@ -287,4 +290,5 @@ class HFBackbone:
             tokens = text_model.head(hidden)  # (B, L, D)
             global_ = out.pooler_output  # (B, D) = head(hidden[:, -1])
         global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
-        return TextFeatures(global_=global_.cpu(), tokens=tokens.float().cpu(), mask=mask.cpu())
+        return TextFeatures(global_=global_.to(out_device), tokens=tokens.float().to(out_device),
+                            mask=mask.to(out_device))

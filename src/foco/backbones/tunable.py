@@ -60,7 +60,7 @@ class WorldTextHead(TunableText):
         backbone = self._backbone[0]
         states, mask = backbone.minilm.forward_with_tokens(texts, embeddings.to(backbone.device), placeholder)
         global_, _ = self.head(states, mask)  # (B, D)
-        return F.normalize(global_.float(), dim=-1).cpu()
+        return F.normalize(global_.float(), dim=-1).to(embeddings.device)  # the caller's device
 
 
 class HFLoRAText(TunableText):

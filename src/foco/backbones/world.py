@@ -138,8 +138,10 @@ class FrozenMiniLM(nn.Module):
     @torch.inference_mode()
     def forward(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.tokenize(texts)
-        states = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
-        return states.clone(), batch["attention_mask"].bool()  # (B, L, 384), (B, L)
+        device = self.model.device
+        states = self.model(input_ids=batch["input_ids"].to(device),
+                            attention_mask=batch["attention_mask"].to(device)).last_hidden_state
+        return states.clone(), batch["attention_mask"].to(device).bool()  # (B, L, 384), (B, L) on the model's device
 
     def forward_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor, placeholder: str = "*"
                             ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -208,16 +210,18 @@ class WorldBackbone:
         return self._minilm
 
     @torch.inference_mode()
-    def encode_images(self, images: Sequence[Image.Image]) -> ImageFeatures:
+    def encode_images(self, images: Sequence[Image.Image], device: str | torch.device = "cpu") -> ImageFeatures:
+        """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default)."""
         x = preprocess_images(images, self.cfg.image_size).to(self.device)  # (B, 3, S, S)
         global_, patches = self.model.image(x)  # (B, D), (B, P, D)
-        return ImageFeatures(F.normalize(global_, dim=-1).float().cpu(), patches.float().cpu())
+        return ImageFeatures(F.normalize(global_, dim=-1).float().to(device), patches.float().to(device))
 
     @torch.inference_mode()
-    def encode_texts(self, texts: Sequence[str]) -> TextFeatures:
+    def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:
+        """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default)."""
         states, mask = self.minilm(texts)  # (B, L, 384), (B, L)
         global_, tokens = self.model.text(states.to(self.device), mask.to(self.device))  # (B, D), (B, L, D)
-        return TextFeatures(F.normalize(global_, dim=-1).float().cpu(), tokens.float().cpu(), mask.cpu())
+        return TextFeatures(F.normalize(global_, dim=-1).float().to(device), tokens.float().to(device), mask.to(device))
 
     @property
     def token_dim(self) -> int:
@@ -235,7 +239,8 @@ class WorldBackbone:
         frozen MiniLM; then the TextHead as usual. Runs in the caller's grad mode (see `foco.backbones.pseudo`)."""
         states, mask = self.minilm.forward_with_tokens(texts, embeddings.to(self.device), placeholder)  # (B, L, E)
         global_, tokens = self.model.text(states, mask)  # (B, D), (B, L, D)
-        return TextFeatures(F.normalize(global_, dim=-1).float().cpu(), tokens.float().cpu(), mask.cpu())
+        out = embeddings.device  # the caller's: a trained mapper's device
+        return TextFeatures(F.normalize(global_, dim=-1).float().to(out), tokens.float().to(out), mask.to(out))
 
     def save(self, path: str | Path) -> None:
         save_world_checkpoint(self.model, path)

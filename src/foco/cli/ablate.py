@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import positive_int
+from .common import add_device_arg, positive_int
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -22,7 +22,7 @@ def _ablate(a: argparse.Namespace) -> int:
     from ..ablation.variants import variants
     cfg = AblateConfig(world=Path(a.world), features=Path(a.features), out=Path(a.out), recipe=a.recipe,
                        variants=variants(a.variants), split=a.split, seeds=a.seeds, pairs=a.pairs, size=a.size,
-                       precision=a.precision, max_steps=a.max_steps)
+                       precision=a.precision, max_steps=a.max_steps, device=a.device)
     table = run_ablation(cfg)
     print(markdown(table))
     print(f"tables in {a.out}/ablations.md and {a.out}/ablations.json; checkpoints in {a.out}/{a.recipe}/")
@@ -54,4 +54,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the quickstart's training settings for this world size")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="of FoCo training")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each stage's steps (smoke runs)")
+    add_device_arg(p)
     p.set_defaults(func=_ablate)

@@ -4,12 +4,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import nonneg_int, positive_int, print_table
+from .common import add_device_arg, nonneg_int, positive_int, print_table
 
 
 def _train(a: argparse.Namespace) -> int:
     from ..train.world_backbone import BackboneTrainConfig, train_world_backbone
-    cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads)
+    cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
+                              device=a.device)
     metrics = train_world_backbone(a.world, a.out, cfg, resume=not a.no_resume)
     print_table("world backbone on backbone_val", metrics)
     print(f"saved to {a.out} (model.safetensors + config.json); use it as --backbone world:{a.out}")
@@ -19,7 +20,9 @@ def _train(a: argparse.Namespace) -> int:
 def _eval(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..train.world_backbone import evaluate_backbone
-    print_table(f"{a.backbone} on {a.split}", evaluate_backbone(create_backbone(a.backbone), Path(a.world), a.split))
+    from ..utils.device import resolve_device
+    backbone = create_backbone(a.backbone, device=str(resolve_device(a.device)))
+    print_table(f"{a.backbone} on {a.split}", evaluate_backbone(backbone, Path(a.world), a.split))
     return 0
 
 
@@ -34,9 +37,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")
+    add_device_arg(t)
     t.set_defaults(func=_train)
     e = bb.add_parser("eval", help="caption<->image retrieval of a backbone on a pairs split")
     e.add_argument("--backbone", required=True, help="e.g. world:runs/backbone or hf:PATH")
     e.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     e.add_argument("--split", default="backbone_val", help="which split to read")
+    add_device_arg(e)
     e.set_defaults(func=_eval)

@@ -103,3 +103,9 @@ def chat_config(a: argparse.Namespace):
     from ..decompose.client import ChatConfig
     return ChatConfig(url=a.llm_url or "", model=a.llm_model or "", api_key=a.llm_key or "", timeout_s=a.timeout,
                       max_tokens=a.max_tokens, json_mode=a.json_mode)
+
+
+def add_device_arg(p: argparse.ArgumentParser) -> None:
+    """--device on every command that runs a model; resolved once by `foco.utils.device.resolve_device`."""
+    from ..utils.device import DEVICE_HELP
+    p.add_argument("--device", default="auto", help=DEVICE_HELP)

@@ -5,21 +5,21 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import check_resume, nonneg_int, positive_int
-from .train import edit_records, edit_table
+from .common import add_device_arg, check_resume, nonneg_int, positive_int
 
 
 def _common(a: argparse.Namespace):
     from ..backbones import create_backbone
     from ..backbones.tunable import TextTuneConfig
-    from ..features import FeatureCache
+    from ..train.inputs import edit_records, edit_table, features_backbone
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed
-    init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco pact ...
-    spec = a.backbone or FeatureCache(a.features).manifest["backbone"]
+    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pact ...
+    spec = a.backbone or features_backbone(a.features)
     text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
-    backbone, records = create_backbone(spec), edit_records(a)
-    return records, backbone, edit_table(a, backbone, records), text
+    backbone, records = create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings)
+    table = edit_table(a.features, backbone, records, a.edit_features or Path(a.out) / "edit-features", env)
+    return records, backbone, table, text
 
 
 def _leave() -> bool:
@@ -37,7 +37,7 @@ def _pact_train(a: argparse.Namespace) -> int:
                           lr_warmup=a.lr_warmup, lr_mapper=a.lr_mapper, lr_text=a.lr_text,
                           compose_weight=a.compose_weight, preserve_weight=a.preserve_weight,
                           visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
-                          max_steps=a.max_steps, seed=a.seed, text=text)
+                          max_steps=a.max_steps, seed=a.seed, text=text, device=a.device)
     train_pact(edits, backbone, a.out, cfg, resume=a.resume)
     if not _leave():
         return 0
@@ -52,7 +52,7 @@ def _tscir_train(a: argparse.Namespace) -> int:
     cfg = TSCIRTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                            lr_stage1=a.lr_stage1, lr_stage2=a.lr_stage2, soft_weight=a.soft_weight,
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
-                           max_steps=a.max_steps, seed=a.seed, text=text)
+                           max_steps=a.max_steps, seed=a.seed, text=text, device=a.device)
     _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
     if not _leave():
         return 0
@@ -101,6 +101,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_device_arg(p)
     p.add_argument("--dist-timeout", type=positive_int, default=120,
                    help="under torchrun: seconds a rank waits for the others before the job stops")
 

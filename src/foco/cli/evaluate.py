@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import check_writable, checkpoint_backbone, float_or_val, positive_int
+from .common import add_device_arg, check_writable, checkpoint_backbone, float_or_val, positive_int
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -87,7 +87,8 @@ def _eval(a: argparse.Namespace) -> int:
     backbone = None
     if spec and (not a.features or needs_text_tower(methods)):
         from ..backbones import create_backbone
-        backbone = create_backbone(spec, device=a.device)
+        from ..utils.device import resolve_device
+        backbone = create_backbone(spec, device=str(resolve_device(a.device)))
     features, val = _sources(a, name, root, split, options, spec, backbone)
     cfg = EvalConfig(methods=methods, slerp_alpha=float_or_val(a.slerp_alpha), chord=float_or_val(a.chord),
                      chord_shortlist=a.chord_shortlist, val=val, by_category=a.by_category,
@@ -146,6 +147,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
                     help="of the features encoded into --cache: fp32 (default), bf16 autocast, or auto (bf16 where "
                          "native); a cache keeps the precision it was made with")
-    ev.add_argument("--device", default="cpu", help="torch device of the backbone: cpu, cuda, cuda:1, ...")
+    add_device_arg(ev)
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.set_defaults(func=_eval)

@@ -9,7 +9,7 @@ def _quickstart(a: argparse.Namespace) -> int:
     from ..eval.report import metrics_table
     from ..quickstart import run_quickstart
     t0 = time.time()
-    res = run_quickstart(a.out, a.size, a.seed, a.decomposer, a.train_backbone, a.world_seed, a.precision)
+    res = run_quickstart(a.out, a.size, a.seed, a.decomposer, a.train_backbone, a.world_seed, a.precision, a.device)
     print(f"Benchmark: {res['benchmark']} " + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery"
                                                      for p, v in res["protocols"].items()) + "\n")
     print(metrics_table(res["methods"], digits=1))
@@ -44,4 +44,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     qs.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                     help="of feature extraction and FoCo training; auto: bf16 autocast where the CPU computes "
                          "bfloat16 natively (AMX, AVX512-BF16), else fp32")
+    from .common import add_device_arg
+    add_device_arg(qs)
     qs.set_defaults(func=_quickstart)

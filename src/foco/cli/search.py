@@ -6,21 +6,26 @@ import json
 import sys
 from pathlib import Path
 
-from .common import positive_int
+from .common import add_device_arg, positive_int
 
 
 def _index_build(a: argparse.Namespace) -> int:
     from ..search.build import IndexConfig, build_index
     cfg = IndexConfig(images=a.images, backbone=a.backbone, index_type=a.index_type, with_patches=a.with_patches,
                       precision=a.precision, batch_size=a.batch_size)
-    _report(build_index(cfg, a.out), a.out)
+    _report(build_index(cfg, a.out, device=_device(a)), a.out)
     return 0
 
 
 def _index_update(a: argparse.Namespace) -> int:
     from ..search.build import update_index
-    _report(update_index(a.index), a.index)
+    _report(update_index(a.index, device=_device(a)), a.index)
     return 0
+
+
+def _device(a: argparse.Namespace) -> str:
+    from ..utils.device import resolve_device
+    return str(resolve_device(a.device))
 
 
 def _report(stats, out) -> None:
@@ -46,7 +51,7 @@ def _parse_reference(value: str):
 def _search(a: argparse.Namespace) -> int:
     from ..search.engine import Limits, Query, SearchEngine
     engine = SearchEngine.open(a.index, checkpoint=a.checkpoint, pic2word=a.pic2word, foco_edits=a.foco_edits,
-                               limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta)
+                               limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta, device=_device(a))
     box = tuple(float(v) for v in a.box.split(",")) if a.box else None
     if box is not None and len(box) != 4:
         raise ValueError(f"--box takes x0,y0,x1,y1, got {a.box!r}")
@@ -73,7 +78,8 @@ def _serve(a: argparse.Namespace) -> int:
               "authentication", file=sys.stderr)
     limits = ServeLimits(max_upload_bytes=a.max_upload_mb * 1024 * 1024, max_text_chars=a.max_text, max_k=a.max_k)
     engine = SearchEngine.open(a.index, checkpoint=a.checkpoint, pic2word=a.pic2word, foco_edits=a.foco_edits,
-                               limits=Limits(max_k=a.max_k, max_text_chars=a.max_text), box_beta=a.box_beta)
+                               limits=Limits(max_k=a.max_k, max_text_chars=a.max_text), box_beta=a.box_beta,
+                               device=_device(a))
     import uvicorn
     print(f"foco serve: {engine.count()} images, methods {', '.join(engine.available_methods())}; "
           f"open http://{a.host}:{a.port}/", flush=True)
@@ -87,6 +93,7 @@ def _method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (enables --method pic2word)")
     p.add_argument("--box-beta", type=float, default=-8.0,
                    help="attention bias inside --box (negative: attend outside the box, as chosen on val)")
+    add_device_arg(p)
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -102,9 +109,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="store patch features for FoCo (else a reference's patches are computed at query time)")
     b.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"], help="encoding precision")
     b.add_argument("--batch-size", type=positive_int, default=64, help="images per encoder call")
+    add_device_arg(b)
     b.set_defaults(func=_index_build)
     u = ix.add_parser("update", help="add new files, drop deleted ones, re-encode changed ones")
     u.add_argument("index", help="index folder (foco index build --out)")
+    add_device_arg(u)
     u.set_defaults(func=_index_update)
 
     s = sub.add_parser("search", help="a composed query against an index")

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_decomposition_args, check_resume, nonneg_int, positive_int
+from .common import add_decomposition_args, add_device_arg, check_resume, nonneg_int, positive_int
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -21,7 +21,8 @@ def _features_extract(a: argparse.Namespace) -> int:
     if a.decompositions is not None:
         from ..world.decompositions import world_decompositions
         decs = world_decompositions(a.world, a.split, a.decompositions, a.decomposer, a.max_fallback)
-    stats = extract_world_split(create_backbone(a.backbone), a.world, a.split, a.out, cfg, decompositions=decs)
+    from ..utils.device import resolve_device
+    stats = extract_world_split(create_backbone(a.backbone, device=str(resolve_device(a.device))), a.world, a.split, a.out, cfg, decompositions=decs)
     for kind, s in stats.items():
         rate = f"{s['encoded'] / s['seconds']:.1f}/s" if s["encoded"] else "all cached"
         repaired = f", {s['repaired']} damaged shard(s) encoded again" if s["repaired"] else ""
@@ -36,35 +37,22 @@ def _corpus_extract(a: argparse.Namespace, cfg) -> int:
     from ..corpora.extract import extract_corpus
     from ..train.distributed import env_from_torchrun
     decs = corpus_decompositions(a) if a.decompositions is not None else None
-    env = env_from_torchrun()
-    s = extract_corpus(create_backbone(a.backbone), a.inp, a.out, cfg, decs, include_captions=a.with_captions,
+    env = env_from_torchrun(a.device)  # under torchrun with CUDA: each rank on cuda:$LOCAL_RANK
+    s = extract_corpus(create_backbone(a.backbone, device=env.device), a.inp, a.out, cfg, decs, include_captions=a.with_captions,
                        workers=a.workers, rank=env.rank, world_size=env.world_size)
     print(f"rank {env.rank}: {s['done_now']} shards encoded now, {s['skipped_done']} already done, of {s['shards']}; "
           f"features in {a.out}/parts")
     return 0
 
 
-def training_decompositions(a: argparse.Namespace) -> dict:
-    """image id -> Decomposition: the world's split (--world), or the shards' samples by key (--in)."""
-    if a.inp is None:
-        if a.world is None:
-            raise ValueError("foco train needs --world (a world folder) or --in (webdataset shards)")
-        from ..world.decompositions import world_decompositions
-        return world_decompositions(a.world, a.split, a.decompositions, a.decomposer, a.max_fallback)
-    if a.decompositions is None:
-        raise ValueError("--in needs --decompositions STORE (foco decompose --in the same shards)")
-    from ..decompose.inputs import read_captions
+def corpus_decompositions(a: argparse.Namespace):
+    """A function of one shard's captions -> their Decompositions in --decompositions (asked shard by shard, so
+    that no corpus-sized map is held; --max-fallback applies to each shard)."""
     from ..decompose.store import stored_decompositions
-    return stored_decompositions([(r.id, r.caption) for r in read_captions(a.inp)], a.decompositions, a.decomposer,
-                                 a.max_fallback)
 
-
-def corpus_decompositions(a: argparse.Namespace) -> dict:
-    """caption -> Decomposition of every sample of the shards --in, from --decompositions."""
-    from ..decompose.inputs import read_captions
-    from ..decompose.store import stored_decompositions
-    captions = sorted({r.caption for r in read_captions(a.inp)})
-    return stored_decompositions([(c, c) for c in captions], a.decompositions, a.decomposer, a.max_fallback)
+    def lookup(captions: list[str]) -> dict:
+        return stored_decompositions([(c, c) for c in captions], a.decompositions, a.decomposer, a.max_fallback)
+    return lookup
 
 
 def _features_verify(a: argparse.Namespace) -> int:
@@ -81,37 +69,48 @@ def _features_verify(a: argparse.Namespace) -> int:
     return 0
 
 
+def pair_source(a: argparse.Namespace):
+    from ..train.inputs import PairSource
+    return PairSource(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback)
+
+
 def _train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
-    from ..features import FeatureCache
     from ..model import FoCoConfig
-    from ..train.data import build_pair_table
     from ..train.foco import FoCoTrainConfig, train_foco
+    from ..train.inputs import edit_records, edit_table, features_backbone, pair_table
+    check_resume(a)
+    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
+    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco train
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
                           max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias),
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
-                          precision=a.precision, compile=a.compile)
-    check_resume(a)
-    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
-    env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun --nproc_per_node N -m foco train
-    from ..corpora.extract import is_corpus
-    if env.enabled and is_corpus(a.features):  # each rank trains on its own feature shards
-        from ..train.data import rank_pair_table
-        table, sharded = rank_pair_table(a.features, a.inp, a.decompositions, a.decomposer, a.max_fallback, env), True
-        print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
+                          precision=a.precision, compile=a.compile, device=env.device)
+    if a.online:
+        from ..train.inputs import online_table
+        if a.backbone is None or a.edits:
+            raise ValueError("--online needs --backbone SPEC (the frozen backbone to run in the loop), and trains "
+                             "the paper's two stages (no --edits)")
+        table, sharded, spec = online_table(a.inp, a.backbone, a.decompositions, a.decomposer, env.device,
+                                            a.workers), False, a.backbone
     else:
-        table, sharded = build_pair_table(a.features, training_decompositions(a)), False
-    from ..utils.io import read_json
-    spec = read_json(Path(a.features) / "corpus.json")["backbone"] if is_corpus(a.features) else \
-        FeatureCache(a.features).manifest["backbone"]
-    edits = edit_table(a, create_backbone(spec), edit_records(a)) if a.edits else None
-    if edits is not None and a.image_weight > 0:
-        from ..train.targets import parse_threshold
-        edits, match = edits.with_targets(parse_threshold(a.target_threshold))
-        print(match.summary())
+        if a.features is None:
+            raise ValueError("foco train needs --features (a feature cache or corpus), or --online with --backbone")
+        table, sharded = pair_table(pair_source(a), env)
+        spec = features_backbone(a.features)
+    if sharded:
+        print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
+    edits = None
+    if a.edits:
+        edits = edit_table(a.features, create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings),
+                           a.edit_features or Path(a.out) / "edit-features", env)
+        if a.image_weight > 0:
+            from ..train.targets import parse_threshold
+            edits, match = edits.with_targets(parse_threshold(a.target_threshold))
+            print(match.summary())
     train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits, sharded=sharded)
     shutdown(env)
     if not env.is_main:
@@ -121,40 +120,16 @@ def _train(a: argparse.Namespace) -> int:
     return 0
 
 
-def edit_records(a: argparse.Namespace) -> list:
-    """The ITT triplets of --edits (the one generator setting, or --edit-settings)."""
-    from ..edits.store import EditStore
-    with EditStore(a.edits) as store:
-        settings = list(store.settings())
-        if len(settings) != 1 and a.edit_settings not in settings:
-            raise ValueError(f"{a.edits} holds {len(settings)} generator settings {settings}: pick one with "
-                             "--edit-settings")
-        return store.records(a.edit_settings or settings[0])
-
-
-def edit_table(a: argparse.Namespace, backbone, records: list):
-    """`records` joined with the training features; their texts encoded once (resumable). Reads a.edit_features,
-    a.out, a.features (shared by foco train, pact, tscir)."""
-    from ..train.edit_data import build_edit_table, encode_edit_texts
-    from ..train.distributed import barrier, current
-    texts = Path(a.edit_features or Path(a.out) / "edit-features")
-    env = current()
-    if env.is_main:  # under torchrun, rank 0 encodes and the others read what it wrote
-        encode_edit_texts(backbone, records, texts)
-    barrier(env)
-    return build_edit_table(a.features, texts, records)
-
-
 def _pic2word_train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..features import FeatureCache
     from ..train.pic2word import Pic2WordTrainConfig, train_pic2word
     cache = FeatureCache(a.features)
     spec = a.backbone or cache.manifest["backbone"]
-    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed)
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
-    env = init_distributed(env_from_torchrun(), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word train
-    train_pic2word(cache.images()[1].global_, create_backbone(spec), a.out, cfg, resume=True)
+    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
+    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device)
+    train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True)
     shutdown(env)
     if env.is_main:
         print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
@@ -189,6 +164,7 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
         help="storage dtype of patch and token features")
     x.add_argument("--no-patches", action="store_true", help="store only global image features")
     add_precision_arg(x)
+    add_device_arg(x)
     add_decomposition_args(x)
     x.set_defaults(func=_features_extract)
     v = feats.add_parser("verify", help="check every shard of a cache against its recorded sha256")
@@ -198,11 +174,16 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
 
 def _register_train(sub: argparse._SubParsersAction) -> None:
     tr = sub.add_parser("train", help="train FoCo (stage 1: F_Aggr; stage 2: F_Aggr + F_Comp) on cached features")
-    tr.add_argument("--features", required=True, help="feature cache of the training split")
+    tr.add_argument("--features", default=None, help="feature cache of the training split (or a feature corpus)")
     tr.add_argument("--world", default=None, help="world folder (its pairs; oracle decompositions by default)")
     tr.add_argument("--in", dest="inp", default=None,
                     help="instead of --world: the webdataset shards the --features were extracted from")
     tr.add_argument("--split", default="train", help="which split to read")
+    tr.add_argument("--online", action="store_true",
+                    help="with --in and --backbone: encode the shards' images and captions inside the loop (no "
+                         "feature cache; for corpora whose features do not fit on disk)")
+    tr.add_argument("--backbone", default=None, help="with --online: the frozen backbone, e.g. hf:PATH")
+    tr.add_argument("--workers", type=nonneg_int, default=2, help="with --online: DataLoader workers decoding images")
     add_decomposition_args(tr)
     tr.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     tr.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
@@ -220,6 +201,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--dist-timeout", type=positive_int, default=120,
                     help="under torchrun: seconds a rank waits for the others before the job stops")
     add_precision_arg(tr)
+    add_device_arg(tr)
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     ed = tr.add_argument_group("foco-edits: a third stage on edit triplets (NOT in the FoCo paper)")
     ed.add_argument("--edits", default=None, help="SQLite store of `foco edits generate` (off: the paper's recipe)")
@@ -245,6 +227,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     pt.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (linear warm-up, then cosine decay)")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    add_device_arg(pt)
     pt.add_argument("--dist-timeout", type=positive_int, default=120,
                     help="under torchrun: seconds a rank waits for the others before the job stops")
     pt.set_defaults(func=_pic2word_train)

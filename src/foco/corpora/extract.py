@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import io
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -58,7 +58,8 @@ def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: Extra
                    decompositions: dict[str, Decomposition] | None = None, include_captions: bool = False,
                    workers: int = 2, rank: int = 0, world_size: int = 1) -> dict:
     """Encodes this rank's shards of `pattern` into `out`/parts; returns {"shards", "done_now", "skipped_done"}.
-    `decompositions` maps a caption to its pairs (a store's `get_many`); every sample's caption must have one."""
+    `decompositions` maps a caption to its pairs, or is a function of one shard's captions that gives that map
+    (a store's `get_many`, asked one shard at a time); every sample's caption must have one."""
     out = Path(out)
     shards = shard_paths(pattern)
     if rank == 0:
@@ -82,19 +83,23 @@ def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: Extra
         extract_images(backbone, [(s.key, _Decoded(im, f"{shard.name}#{s.key}"))
                                   for s, im in zip(samples, decoded)], part, cfg)
         texts: dict[str, None] = {}
+        contexts: set[str] = set()  # the texts whose tokens training reads (F_Comp's contexts)
+        decs = decompositions(sorted({s.caption for s in samples})) if callable(decompositions) else decompositions
         for s in samples:
             if include_captions:
                 texts[s.caption] = None
-            if decompositions is not None:
-                dec = decompositions.get(s.caption)
+            if decs is not None:
+                dec = decs.get(s.caption)
                 if dec is None:
                     raise ValueError(f"{shard}: the caption of sample {s.key} has no decomposition; decompose the "
                                      f"shards first (foco decompose --in '{pattern}')")
                 for pair in dec.pairs:
                     texts[pair.local] = None
                     texts[pair.context] = None
+                    contexts.add(pair.context)
         if texts:
-            extract_texts(backbone, [(t, t) for t in texts], part, cfg)
+            extract_texts(backbone, [(t, t) for t in texts], part,
+                          replace(cfg, tokens_for=frozenset(contexts)) if cfg.tokens_for is None else cfg)
         atomic_write_text(part / "done.json", json.dumps({"samples": len(samples), "texts": len(texts)}) + "\n")
         done_now += 1
     return {"shards": len(shards), "done_now": done_now, "skipped_done": skipped}

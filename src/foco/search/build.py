@@ -108,8 +108,8 @@ def _check_config(out: Path, cfg: IndexConfig) -> dict:
     return want
 
 
-def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: dict[str, np.ndarray] | None = None
-                ) -> IndexStats:
+def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: dict[str, np.ndarray] | None = None,
+                device: str = "cpu") -> IndexStats:
     """Builds or brings up to date the index in `out` (see the module docstring). `precomputed` maps a resolved
     file path to its (D,) global feature from an earlier extraction with the same backbone, to skip encoding it."""
     out = Path(out)
@@ -145,7 +145,7 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
                     continue
             todo.append((rel, p, st, digest))
         if todo:
-            backbone = backbone or create_backbone(cfg.backbone)
+            backbone = backbone or create_backbone(cfg.backbone, device=device)
             dim = backbone.embed_dim
             bar = Bar(len(todo), "indexing images")
             for s in range(0, len(todo), cfg.batch_size):
@@ -198,7 +198,7 @@ def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Pat
     return vecs, (f.patches.float().numpy() if cfg.with_patches else None)
 
 
-def update_index(out: str | Path, backbone=None) -> IndexStats:
+def update_index(out: str | Path, backbone=None, device: str = "cpu") -> IndexStats:
     """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json."""
     out = Path(out)
     if not (out / "index.json").is_file():
@@ -206,4 +206,4 @@ def update_index(out: str | Path, backbone=None) -> IndexStats:
     meta = read_json(out / "index.json")
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
                       with_patches=meta["with_patches"], precision=meta["precision"])
-    return build_index(cfg, out, backbone)
+    return build_index(cfg, out, backbone, device=device)

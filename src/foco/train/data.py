@@ -5,9 +5,13 @@ import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from typing import Callable
+
 import torch
+import torch.nn.functional as F
 
 from ..decompose.schema import Decomposition
+from ..feature_store import Rows
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..features import FeatureCache
 
@@ -37,11 +41,15 @@ class PairTable:
     text_mask: torch.Tensor  # (Nt, L) bool
     local_idx: torch.Tensor  # (N, K) long, -1 where image i has fewer than K pairs
     context_idx: torch.Tensor  # (N, K) long
-    parts: list[str] = field(default_factory=list)  # a rank's own feature shards (`rank_pair_table`); [] otherwise
-    ids: list[str] = field(default_factory=list)  # the N image ids, in row order (`build_pair_table`)
+    parts: list[str] = field(default_factory=list)  # a rank's own feature shards (`train.inputs.pair_table`)
+    ids: list[str] = field(default_factory=list)  # the N image ids, in row order
 
     def __len__(self) -> int:
         return self.image_global.shape[0]
+
+    @property
+    def dim(self) -> int:
+        return int(self.image_global.shape[1])
 
     def subset(self, keep: set[str]) -> "PairTable":
         """The images whose id is in `keep`, in row order (the text features stay whole)."""
@@ -68,65 +76,201 @@ class PairTable:
                           ctx_tokens=self.text_tokens[ci][:, :, :used].float(), ctx_mask=ctx_mask[:, :, :used])
 
 
-def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition], max_pairs: int = 5,
-                     rank: int = 0, world_size: int = 1, k: int | None = None) -> PairTable:
+class StreamingPairTable:
+    """N training images with up to K decomposition pairs each, as rows of the cached features, read a batch at a
+    time from the shards (`foco.feature_store`): memory holds the pair indices, never the features of the corpus.
+    `batch` gives what `PairTable.batch` gives for the same rows, bit for bit."""
+
+    def __init__(self, images: Rows, texts: Rows, local_idx: torch.Tensor, context_idx: torch.Tensor, dim: int,
+                 ids: list[str] | Callable[[], list[str]], parts: list[str] | None = None):
+        self.images, self.texts = images, texts  # (N rows: global, patches), (Nt rows: global, tokens)
+        self.local_idx, self.context_idx = local_idx, context_idx  # (N, K) long, -1 where image i has fewer pairs
+        self.dim = dim  # D
+        self._ids = ids
+        self.parts = parts or []
+
+    def __len__(self) -> int:
+        return self.local_idx.shape[0]
+
+    @property
+    def ids(self) -> list[str]:
+        """The N image ids in row order (a corpus's are read from its shard records when first asked for)."""
+        if callable(self._ids):
+            self._ids = self._ids()
+        return self._ids
+
+    def with_max_pairs(self, k: int) -> "StreamingPairTable":
+        if k >= self.local_idx.shape[1]:
+            return self
+        return StreamingPairTable(self.images, self.texts, self.local_idx[:, :k], self.context_idx[:, :k], self.dim,
+                                  self._ids, self.parts)
+
+    def subset(self, keep: set[str]) -> "StreamingPairTable":
+        """The images whose id is in `keep`, in row order (a view: the same shards, fewer rows)."""
+        rows = torch.tensor([n for n, i in enumerate(self.ids) if i in keep], dtype=torch.long, device="cpu")
+        return _Subset(self, rows)
+
+    def image_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        return idx
+
+    def prefetch(self, batches: list[torch.Tensor], depth: int = 2) -> None:
+        """Reads this epoch's `batches` (each (B,)) in a background thread, `depth` ahead of the steps that ask for
+        them, so that reading overlaps the step's compute (`batch` returns what it would have read itself)."""
+        from concurrent.futures import ThreadPoolExecutor
+        if getattr(self, "_pool", None) is None:
+            self._pool = ThreadPoolExecutor(1, thread_name_prefix="foco-read")
+        self._queue = list(batches)
+        self._ahead = [(b, self._pool.submit(self.read, b)) for b in self._queue[:depth]]
+        self._queue = self._queue[depth:]
+
+    def batch(self, idx: torch.Tensor) -> TrainBatch:
+        """The batch of images `idx` (B,): read ahead by `prefetch`, or read now (`read`)."""
+        ahead = getattr(self, "_ahead", None)
+        if ahead and torch.equal(ahead[0][0], idx):
+            _, future = ahead.pop(0)
+            if self._queue:
+                nxt = self._queue.pop(0)
+                ahead.append((nxt, self._pool.submit(self.read, nxt)))
+            return future.result()
+        self._ahead = []
+        return self.read(idx)
+
+    def read(self, idx: torch.Tensor) -> TrainBatch:
+        """Reads a batch of images `idx` (B,) into float32 CPU tensors (pinned by `to_device` for a GPU)."""
+        rows = self.image_rows(idx).cpu().numpy()
+        li, ci = self.local_idx[idx], self.context_idx[idx]  # (B, K)
+        mask = li >= 0  # (B, K)
+        li, ci = li.clamp_min(0), ci.clamp_min(0)
+        B, K = li.shape
+        g = F.normalize(self.images.rows("global", rows).float(), dim=-1)  # (B, D)
+        patches = self.images.rows("patches", rows).float()  # (B, P, D)
+        local = F.normalize(self.texts.rows("global", li.reshape(-1).numpy()).float(), dim=-1).view(B, K, -1)
+        present = mask.reshape(-1).nonzero().flatten()  # the pairs that exist: only their tokens are read
+        tokens, tmask = self.texts.tokens(ci.reshape(-1)[present].numpy())  # (n, L, D), (n, L)
+        L = max(1, tokens.shape[1])
+        ctx = torch.zeros(B * K, L, self.dim, device="cpu")  # assembled on the CPU; `move` pins and copies it
+        ctx_mask = torch.zeros(B * K, L, dtype=torch.bool, device="cpu")
+        if len(present) and tokens.shape[1]:
+            ctx[present] = tokens.to(ctx.dtype)
+            ctx_mask[present] = tmask
+        return TrainBatch(image_global=g, patches=patches, local=local, local_mask=mask,
+                          ctx_tokens=ctx.view(B, K, L, -1), ctx_mask=ctx_mask.view(B, K, L))
+
+    def materialise(self) -> PairTable:
+        """Every row in memory (`PairTable`): for small tables only (tests, experiments)."""
+        every = range(len(self.images))
+        texts = range(len(self.texts))
+        tokens, mask = self.texts.tokens(texts)
+        return PairTable(F.normalize(self.images.rows("global", every).float(), dim=-1),
+                         self.images.rows("patches", every),
+                         F.normalize(self.texts.rows("global", texts).float(), dim=-1), tokens, mask,
+                         self.local_idx, self.context_idx, list(self.parts), list(self.ids))
+
+    @property
+    def image_global(self) -> torch.Tensor:
+        """(N, D) every image's normalised global feature (read whole: N x D floats)."""
+        return F.normalize(self.images.rows("global", range(len(self.images))).float(), dim=-1)
+
+
+class _Subset(StreamingPairTable):
+    """Some rows of a streaming table."""
+
+    def __init__(self, table: StreamingPairTable, rows: torch.Tensor):
+        super().__init__(table.images, table.texts, table.local_idx[rows], table.context_idx[rows], table.dim,
+                         [table.ids[n] for n in rows.tolist()], table.parts)
+        self._rows = rows
+
+    def image_rows(self, idx: torch.Tensor) -> torch.Tensor:
+        return self._rows[idx]
+
+    def with_max_pairs(self, k: int) -> "StreamingPairTable":
+        if k >= self.local_idx.shape[1]:
+            return self
+        out = _Subset.__new__(_Subset)
+        StreamingPairTable.__init__(out, self.images, self.texts, self.local_idx[:, :k], self.context_idx[:, :k],
+                                    self.dim, self._ids, self.parts)
+        out._rows = self._rows
+        return out
+
+    @property
+    def image_global(self) -> torch.Tensor:
+        return F.normalize(self.images.rows("global", self._rows.numpy()).float(), dim=-1)
+
+
+Lookup = Callable[[str, list[str]], dict[str, Decomposition]]  # (part name, its image ids) -> {id: Decomposition}
+
+
+def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition] | Lookup, max_pairs: int = 5,
+                     rank: int = 0, world_size: int = 1, k: int | None = None) -> StreamingPairTable:
     """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache. `cache`
     is a feature cache, or a corpus folder of per-shard caches (`foco.corpora.extract`), of which rank `rank` of
-    `world_size` reads its own parts. K is the most pairs an image has (capped at `max_pairs`), or `k` when given
-    (ranks on their own data agree on one)."""
-    from ..corpora.extract import is_corpus, read_corpus
+    `world_size` reads its own parts, one part at a time; `decompositions` is a dict, or for a corpus a lookup
+    that gives one part's. K is the most pairs an image has (capped at `max_pairs`), or `k` when given (ranks on
+    their own data agree on one). Nothing but the pair indices is held in memory."""
+    from ..corpora.extract import corpus_parts, is_corpus
+    width = max(max_pairs, k or 0)
     if is_corpus(cache):
-        image_ids, g, patches, text_ids, t = read_corpus(cache, rank, world_size)
-        images = ImageFeatures(torch.nn.functional.normalize(g.float(), dim=-1), patches)
-        texts = TextFeatures(torch.nn.functional.normalize(t["global"].float(), dim=-1), t["tokens"], t["mask"].bool())
+        caches = [Path(cache) / "parts" / name for name in corpus_parts(cache, rank, world_size)]
+        names = [c.name for c in caches]
     else:
-        fc = FeatureCache(cache)
-        image_ids, images = fc.images(dtype=None)
-        text_ids, texts = fc.texts(dtype=None)
-    text_index = {t: i for i, t in enumerate(text_ids)}
-    missing_dec = [i for i in image_ids if i not in decompositions]
-    if missing_dec:
-        raise ValueError(f"{len(missing_dec)} cached images have no decomposition, e.g. {missing_dec[:3]}")
-    K = k if k is not None else min(max_pairs, max(len(decompositions[i].pairs) for i in image_ids))
-    local_idx = torch.full((len(image_ids), K), -1, dtype=torch.long)
-    context_idx = torch.full((len(image_ids), K), -1, dtype=torch.long)
-    missing_text = set()
-    for n, i in enumerate(image_ids):
-        for k, pair in enumerate(decompositions[i].pairs[:K]):
-            if pair.local not in text_index or pair.context not in text_index:
-                missing_text.update(t for t in (pair.local, pair.context) if t not in text_index)
-                continue
-            local_idx[n, k], context_idx[n, k] = text_index[pair.local], text_index[pair.context]
-    if missing_text:
-        raise ValueError(f"{len(missing_text)} local/contextual captions are not in the feature cache {cache}, "
-                         f"e.g. {sorted(missing_text)[:2]}; re-extract it with these decompositions")
+        caches, names = [Path(cache)], [""]
+    image_paths, image_counts, text_paths, text_counts, locals_, contexts = [], [], [], [], [], []
+    ids_of_parts = []
+    text_base = 0
+    for part, name in zip(caches, names):
+        _check_part(part)
+        fc = FeatureCache(part)
+        image_ids, images = fc.rows("images")
+        text_ids, texts = fc.rows("texts")
+        decs = decompositions(name, image_ids) if callable(decompositions) else decompositions
+        li, ci = _pair_indices(image_ids, text_ids, decs, width, text_base, part)
+        locals_.append(li)
+        contexts.append(ci)
+        image_paths += images.paths
+        image_counts += images.counts.tolist()
+        text_paths += texts.paths
+        text_counts += texts.counts.tolist()
+        text_base += len(texts)
+        ids_of_parts.append(image_ids if not callable(decompositions) else None)
+        dim = int(images.file(0).shape("global")[1])
+    local_idx, context_idx = torch.cat(locals_), torch.cat(contexts)
+    used = int((local_idx >= 0).sum(0).nonzero().max()) + 1 if (local_idx >= 0).any() else 1
+    K = k if k is not None else min(max_pairs, used)
+    local_idx, context_idx = local_idx[:, :K].contiguous(), context_idx[:, :K].contiguous()
     empty = int((local_idx < 0).all(1).sum())
     if empty:
         raise ValueError(f"{empty} images have no usable (local, context) pair")
-    return PairTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask, local_idx, context_idx,
-                     ids=list(image_ids))
+    fix = "rerun the `foco features extract` command that made this cache: it encodes damaged shards again"
+    if all(i is not None for i in ids_of_parts):
+        ids = [i for part in ids_of_parts for i in part]
+    else:
+        ids = lambda: [i for c in caches for i in FeatureCache(c).ids("images")]  # noqa: E731
+    return StreamingPairTable(Rows(image_paths, image_counts, fix), Rows(text_paths, text_counts, fix), local_idx,
+                              context_idx, dim, ids, names if is_corpus(cache) else [])
 
 
-def rank_pair_table(features: str | Path, pattern: str, store: str | Path, decomposer: str | None,
-                    max_fallback: float | None, env) -> PairTable:
-    """Under torchrun, a feature corpus (`foco.corpora.extract`): this rank's own feature shards (r, r + N, ... of
-    the shards `pattern`, the extraction's split) joined with the decompositions in `store` of their captions,
-    read from this rank's shards alone. K is agreed over ranks. The table's `parts` names the shards."""
-    from ..corpora.extract import corpus_parts
-    from ..corpora.webdataset import shard_paths
-    from ..decompose.inputs import read_shard_captions
-    from ..decompose.store import stored_decompositions
-    from .distributed import total_across
-    if pattern is None or store is None:
-        raise ValueError("a feature corpus under torchrun needs --in (its webdataset shards) and --decompositions")
-    parts = corpus_parts(features, env.rank, env.world_size)
-    shards = [p for n, p in enumerate(shard_paths(pattern)) if n % env.world_size == env.rank]
-    if [p.stem for p in shards] != parts:
-        raise ValueError(f"--features {features} was extracted from other shards than --in {pattern} (rank "
-                         f"{env.rank} has feature shards {parts[:3]}, --in gives {[p.stem for p in shards][:3]}); "
-                         "pass the --in pattern of the extraction")
-    records = read_shard_captions(shards)
-    decompositions = stored_decompositions([(r.id, r.caption) for r in records], store, decomposer, max_fallback)
-    k = total_across(min(5, max((len(d.pairs) for d in decompositions.values()), default=0)), env, "max")
-    table = build_pair_table(features, decompositions, rank=env.rank, world_size=env.world_size, k=k)
-    return replace(table, parts=parts)
+def _check_part(part: Path) -> None:
+    if part.parent.name == "parts" and not (part / "done.json").is_file():
+        raise FileNotFoundError(f"{part} is not finished: rerun `foco features extract --in ...` (it resumes)")
+
+
+def _pair_indices(image_ids: list[str], text_ids: list[str], decompositions: dict[str, Decomposition], width: int,
+                  text_base: int, where: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    """(n, width) local and context text rows (offset by `text_base`) of each image's pairs, -1 where none."""
+    text_index = {t: n for n, t in enumerate(text_ids)}
+    missing_dec = [i for i in image_ids if i not in decompositions]
+    if missing_dec:
+        raise ValueError(f"{len(missing_dec)} cached images have no decomposition, e.g. {missing_dec[:3]}")
+    local_idx = torch.full((len(image_ids), width), -1, dtype=torch.long)
+    context_idx = torch.full((len(image_ids), width), -1, dtype=torch.long)
+    missing_text = set()
+    for n, i in enumerate(image_ids):
+        for kk, pair in enumerate(decompositions[i].pairs[:width]):
+            if pair.local not in text_index or pair.context not in text_index:
+                missing_text.update(t for t in (pair.local, pair.context) if t not in text_index)
+                continue
+            local_idx[n, kk], context_idx[n, kk] = text_index[pair.local] + text_base, text_index[pair.context] + text_base
+    if missing_text:
+        raise ValueError(f"{len(missing_text)} local/contextual captions are not in the feature cache {where}, "
+                         f"e.g. {sorted(missing_text)[:2]}; re-extract it with these decompositions")
+    return local_idx, context_idx

@@ -11,8 +11,9 @@ model. If a backbone (or any module that produces the gathered tensors) were eve
 carry gradients back to the rank that produced each row (`torch.distributed.nn.all_gather`), as open_clip's
 `gather_with_grad` does.
 
-gloo on CPU and nccl on GPU are chosen automatically. The process group has a timeout, so that a rank that dies
-stops the others with a clear error instead of a hang.
+The backend follows the run's device (`foco.utils.device`): gloo on the CPU, nccl on CUDA, where each rank holds
+cuda:$LOCAL_RANK and every collective takes tensors on it (`DistEnv.device`). The process group has a timeout, so
+that a rank that dies stops the others with a clear error instead of a hang.
 """
 from __future__ import annotations
 
@@ -34,6 +35,11 @@ class RankLost(RuntimeError):
 class DistEnv:
     rank: int = 0
     world_size: int = 1
+    device: str = "cpu"  # where this rank's model, batches and collective tensors live
+
+    @property
+    def torch_device(self) -> torch.device:
+        return torch.device(self.device)
 
     @property
     def enabled(self) -> bool:
@@ -44,26 +50,41 @@ class DistEnv:
         return self.rank == 0
 
 
-def env_from_torchrun() -> DistEnv:
-    """RANK and WORLD_SIZE as torchrun sets them; one process otherwise."""
-    return DistEnv(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)))
+_DEVICE = {"device": "cpu"}  # the device the process group was joined with (`init_distributed`)
+
+
+def env_from_torchrun(device: str | torch.device | None = None) -> DistEnv:
+    """RANK and WORLD_SIZE as torchrun sets them; one process otherwise. `device` ("auto", "cpu", "cuda", ...;
+    None: "auto") is resolved by `foco.utils.device`: under torchrun with CUDA, cuda:$LOCAL_RANK."""
+    from ..utils.device import resolve_device
+    return DistEnv(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   str(resolve_device(device if device is not None else "auto")))
 
 
 def init_distributed(env: DistEnv, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
-    """Joins the process group of `env` (env:// rendezvous: MASTER_ADDR, MASTER_PORT), gloo on CPU and nccl when
-    CUDA is available, with a timeout on every collective."""
+    """Joins the process group of `env` (env:// rendezvous: MASTER_ADDR, MASTER_PORT) with a timeout on every
+    collective: nccl when `env.device` is CUDA (this rank's GPU made current), gloo otherwise. One process: records
+    the device, so that `current()` hands it to the trainers."""
+    _DEVICE["device"] = env.device
+    device = env.torch_device
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if not env.enabled or dist.is_initialized():
         return env
-    backend = backend or ("nccl" if torch.cuda.is_available() else "gloo")
+    backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
     return env
 
 
-def current() -> DistEnv:
+def current(device: str | torch.device | None = None) -> DistEnv:
+    """The process group this process joined (one process when none), on `device` when given, else on the device
+    `init_distributed` recorded (the CPU when nothing did)."""
+    dev = str(device) if device is not None else _DEVICE["device"]
     if dist.is_available() and dist.is_initialized():
-        return DistEnv(dist.get_rank(), dist.get_world_size())
-    return DistEnv()
+        return DistEnv(dist.get_rank(), dist.get_world_size(), dev)
+    return DistEnv(device=dev)
 
 
 def gather_rows(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
@@ -73,7 +94,7 @@ def gather_rows(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if not env.enabled:
         return t
     t = t.detach().contiguous()
-    sizes = torch.zeros(env.world_size + 1, dtype=torch.long)  # each rank's rows, then the longest dim 1
+    sizes = torch.zeros(env.world_size + 1, dtype=torch.long, device=t.device)  # each rank's rows, the longest dim 1
     sizes[env.rank] = t.shape[0]
     sizes[-1] = t.shape[1] if t.ndim >= 2 else 0
     dist.all_reduce(sizes, op=dist.ReduceOp.MAX)
@@ -97,7 +118,7 @@ def gather_with_grad(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     if not env.enabled:
         return t
     import torch.distributed.nn.functional as dist_nn
-    counts = torch.zeros(env.world_size, dtype=torch.long)
+    counts = torch.zeros(env.world_size, dtype=torch.long, device=t.device)
     counts[env.rank] = t.shape[0]
     dist.all_reduce(counts)
     most = int(counts.max())
@@ -110,7 +131,7 @@ def row_offset(rows: int, env: DistEnv) -> int:
     """Where this rank's `rows` start in the rank-ordered concatenation of every rank's rows."""
     if not env.enabled:
         return 0
-    counts = torch.zeros(env.world_size, dtype=torch.long)
+    counts = torch.zeros(env.world_size, dtype=torch.long, device=env.torch_device)
     counts[env.rank] = rows
     dist.all_reduce(counts)
     return int(counts[:env.rank].sum())
@@ -120,7 +141,7 @@ def total_across(n: int, env: DistEnv, op: str = "sum") -> int:
     """The sum (or "min", "max") of an integer over ranks."""
     if not env.enabled:
         return n
-    t = torch.tensor([n], dtype=torch.long)
+    t = torch.tensor([n], dtype=torch.long, device=env.torch_device)
     dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op])
     return int(t)
 
@@ -145,7 +166,15 @@ def data_parallel(model: torch.nn.Module, env: DistEnv):
     objective = Objective(model)
     if not env.enabled:
         return objective
-    return torch.nn.parallel.DistributedDataParallel(objective, find_unused_parameters=True)
+    return ddp(objective, env)
+
+
+def ddp(module: torch.nn.Module, env: DistEnv, find_unused: bool = True) -> torch.nn.Module:
+    """`module` (already on `env.device`) under DDP: `device_ids` on CUDA, so that its gradients are reduced on
+    this rank's GPU."""
+    device = env.torch_device
+    ids = {"device_ids": [device.index], "output_device": device.index} if device.type == "cuda" else {}
+    return torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused, **ids)
 
 
 def mean_across(values: dict[str, float], env: DistEnv) -> dict[str, float]:
@@ -153,7 +182,7 @@ def mean_across(values: dict[str, float], env: DistEnv) -> dict[str, float]:
     if not env.enabled or not values:
         return values
     keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=env.torch_device)
     dist.all_reduce(t)
     return {k: float(v) / env.world_size for k, v in zip(keys, t.tolist())}
 

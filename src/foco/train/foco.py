@@ -16,9 +16,10 @@ import torch
 
 from .data import PairTable
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
-from .distributed import DistEnv, current, gather_rows, rank_slice
-from .losses import Columns, foco_losses, local_columns, plan_negatives
+from .distributed import DistEnv, current, ddp, gather_rows, rank_slice
+from .losses import Columns, foco_losses, local_columns, plan_negatives, plan_on
 from ..model import ComposedQueryEncoder, FoCoConfig
+from ..utils.device import move, resolved
 from ..utils.io import atomic_write_text
 
 if TYPE_CHECKING:
@@ -55,6 +56,7 @@ class FoCoTrainConfig:
     seed: int = 0
     precision: str = "fp32"  # "bf16" (autocast) or "auto" (bf16 where native): foco.utils.precision
     compile: str | None = None  # torch.compile backend of the losses' forward ("inductor" for GPUs); None: eager
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
     model: FoCoConfig = field(default_factory=FoCoConfig)
 
 
@@ -92,9 +94,9 @@ def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Te
     negative plan, which every rank draws identically (see `foco.train.distributed`). `sharded`: `table` is this
     rank's own data and `idx` (b,) already its rows of the global batch."""
     local = idx if sharded else rank_slice(idx, env)  # (b,)
-    batch = table.batch(local)
-    mask = gather_rows(batch.local_mask.to(torch.uint8), env).bool()  # (B, K)
-    plan = plan_negatives(mask, max_negatives, gen)
+    batch = move(table.batch(local), env.device)
+    mask = gather_rows(batch.local_mask.to(torch.uint8), env).bool()  # (B, K), on the device for the collective
+    plan = plan_on(plan_negatives(mask.cpu(), max_negatives, gen), batch.local.device)  # drawn on the CPU
     b, off = local.shape[0], env.rank * local.shape[0]
     own = local_columns(batch, plan.neg_k[off:off + b], with_comp)
     columns = Columns(gather_rows(own.anchor, env),
@@ -113,8 +115,9 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
         if env.enabled:
             return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env, sharded, cfg.loss,
                                     cfg.negatives)
-        batch = table.batch(idx)
-        plan = plan_negatives(batch.local_mask, cfg.max_negatives, gen)
+        cpu = table.batch(idx)  # on the CPU (cached features), or already on the device (online encoding)
+        plan = plan_on(plan_negatives(cpu.local_mask.cpu(), cfg.max_negatives, gen), env.torch_device)
+        batch = move(cpu, env.device)
         if objective is not None:  # compiled
             return objective(batch, plan, with_comp, loss=cfg.loss, negatives=cfg.negatives)
         return foco_losses(model, batch, plan, with_comp, loss=cfg.loss, negatives=cfg.negatives)
@@ -123,10 +126,14 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
         return {"tau_aggr": 1 / model.log_scale_aggr.exp().item(), "tau_comp": 1 / model.log_scale_comp.exp().item(),
                 "bias_aggr": model.bias_aggr.item(), "bias_comp": model.bias_comp.item()}
 
+    prefetch = None
+    if hasattr(table, "prefetch"):  # the rows each step of this rank will read
+        prefetch = table.prefetch if sharded or not env.enabled else \
+            (lambda batches: table.prefetch([rank_slice(b, env) for b in batches]))
     return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs,
                  optimizer=lambda: _optimizer(model, cfg, stage), step=step,
                  objective="comp" if with_comp and not cfg.aggr_loss_in_stage2 else "loss",
-                 tag={"stage": stage}, record=temperatures, local=sharded)
+                 tag={"stage": stage}, record=temperatures, local=sharded, prefetch=prefetch)
 
 
 def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig, env: DistEnv = DistEnv(),
@@ -138,10 +145,10 @@ def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainC
 
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch
         if env.enabled:
-            return objective(edits.batch(rank_slice(idx, env)), edit={**kwargs, "env": env})
+            return objective(move(edits.batch(rank_slice(idx, env)), env.device), edit={**kwargs, "env": env})
         if objective is not None:  # compiled
-            return objective(edits.batch(idx), edit=kwargs)
-        return edit_losses(model, edits.batch(idx), **kwargs)
+            return objective(move(edits.batch(idx), env.device), edit=kwargs)
+        return edit_losses(model, move(edits.batch(idx), env.device), **kwargs)
 
     def optimizer() -> torch.optim.AdamW:
         groups = [{"params": list(model.aggr.parameters()), "lr": cfg.lr_edit_aggr},
@@ -170,16 +177,16 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     out = Path(out)
     refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
     _check_ablations(cfg)
-    cfg = replace(cfg, model=replace(cfg.model, dim=int(table.image_global.shape[1])))
+    cfg = replace(cfg, model=replace(cfg.model, dim=_dim(table)))
     table = table.with_max_pairs(cfg.max_pairs)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)  # the negatives
-    model = ComposedQueryEncoder(cfg.model)
-    env = current()  # data-parallel when launched by torchrun (`foco.train.distributed`)
+    gen = torch.Generator().manual_seed(cfg.seed)  # the negatives: drawn on the CPU, the same on every device
+    env = current(resolved(cfg.device))  # data-parallel when launched by torchrun (`foco.train.distributed`)
+    model = ComposedQueryEncoder(cfg.model).to(env.device)  # initialised on the CPU (same weights), then moved
     objective = None
     if env.enabled:
-        objective = torch.nn.parallel.DistributedDataParallel(FoCoObjective(model), find_unused_parameters=True)
+        objective = ddp(FoCoObjective(model), env)
     if cfg.compile:  # the module is compiled, the weights stay `model`'s (saved and resumed as usual)
         objective = torch.compile(objective if objective is not None else FoCoObjective(model), backend=cfg.compile,
                                   dynamic=True)
@@ -188,7 +195,8 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
                       plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
                       plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                  (", then the edit stage)" if cfg.stage3_epochs else ")"),
-                      identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision)
+                      identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision,
+                      device=env.device)
     phases = [_stage(model, table, cfg, gen, s, env, objective, sharded and env.enabled) for s in (1, 2)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg, env, objective))
@@ -200,6 +208,11 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
         if cfg.stage3_epochs else {}
     _add_meta(out, {"train": {k: v for k, v in asdict(cfg).items() if k != "model"}, **recipe, **(meta or {})})
     return model
+
+
+def _dim(table) -> int:
+    """D of a pair table (in memory or streaming)."""
+    return int(table.dim) if hasattr(table, "dim") else int(table.image_global.shape[1])
 
 
 def _check_ablations(cfg: FoCoTrainConfig) -> None:

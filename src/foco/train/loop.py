@@ -52,6 +52,7 @@ class Phase:
     clip_params: Callable[[], Iterable[torch.nn.Parameter]] | None = None  # clipped together; None: the optimiser's
     n: int | None = None  # examples per epoch when this phase has its own data; None: LoopConfig.n
     local: bool = False  # data-parallel on rank-local data: n is this rank's, `step` gets its B/N local indices
+    prefetch: Callable[[list[torch.Tensor]], None] | None = None  # told each epoch's batches before its steps
 
 
 @dataclass
@@ -67,6 +68,7 @@ class LoopConfig:
     identity: dict = field(default_factory=dict)  # what a resumed run must share (e.g. the features' backbone)
     precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast (foco.utils.precision)
     env: DistEnv = field(default_factory=DistEnv)  # data-parallel ranks: rank 0 writes, logs average over ranks
+    device: str = "cpu"  # where the model and batches live: autocast runs for this device type
 
 
 def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
@@ -117,6 +119,8 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
             model.train()
             perm = torch.from_numpy(_permutation(rng, n, phase, cfg.env))  # (N,)
             batches = [perm[s * B:(s + 1) * B] for s in range(min(S, totals[i] - done))]  # each (B,)
+            if phase.prefetch is not None:  # e.g. online encoding: workers decode the epoch's images ahead
+                phase.prefetch(batches)
             desc = " ".join([cfg.name, *_words(phase.tag), f"epoch {epoch + 1}/{phase.epochs}"])
             means, step_log = _epoch(phase, opt, batches, cfg, range(done, totals[i]), sum(totals[:i]), desc,
                                      on_step)
@@ -176,7 +180,7 @@ def _identity(phases: list[Phase], sizes: list[int], cfg: LoopConfig) -> dict:
     """What a run is: its batch size, each phase's data size, and what the trainer adds (`LoopConfig.identity`)."""
     return {"batch_size": cfg.batch_size, **{f"examples ({' '.join(_words(p.tag)) or 'training'})": n
                                              for p, n in zip(phases, sizes) if p.epochs},
-            "precision": resolve_precision(cfg.precision), **cfg.identity}
+            "precision": resolve_precision(cfg.precision, cfg.device), **cfg.identity}
 
 
 def _check_identity(state_dir: Path, now: dict) -> None:
@@ -232,7 +236,7 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
             factor = lr_factor(step, schedule.stop, cfg.warmup_frac)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * factor
-            with autocast(cfg.precision):
+            with autocast(cfg.precision, cfg.device):
                 losses = phase.step(idx)
             opt.zero_grad(set_to_none=True)
             losses[phase.objective].backward()

@@ -40,10 +40,16 @@ def plan_negatives(local_mask: torch.Tensor, max_negatives: int | None = None,
     weights = local_mask.float()
     neg_k = torch.multinomial(weights, 1, generator=generator)[:, 0]  # (B,)
     if max_negatives is None or max_negatives >= B - 1:
-        columns = torch.arange(B)
+        columns = torch.arange(B, device=local_mask.device)
     else:
-        columns = torch.randperm(B, generator=generator)[: max_negatives + 1].sort().values
+        columns = torch.randperm(B, generator=generator, device=local_mask.device)[: max_negatives + 1].sort().values
     return NegativePlan(neg_k, columns)
+
+
+def plan_on(plan: NegativePlan, device: torch.device) -> NegativePlan:
+    """The plan (drawn on the CPU from the CPU generator, so that every device draws the same negatives) on
+    `device`."""
+    return NegativePlan(plan.neg_k.to(device, non_blocking=True), plan.columns.to(device, non_blocking=True))
 
 
 def _phi(logits: torch.Tensor, sign: float) -> torch.Tensor:
@@ -66,7 +72,7 @@ class Columns:
 
 def local_columns(batch: TrainBatch, neg_k: torch.Tensor, with_comp: bool) -> Columns:
     """The columns this batch's images contribute, with each image's sampled k' `neg_k` (b,)."""
-    rows = torch.arange(batch.local.shape[0])
+    rows = torch.arange(batch.local.shape[0], device=batch.local.device)
     return Columns(batch.local[rows, neg_k],
                    batch.ctx_tokens[rows, neg_k] if with_comp else None,
                    batch.ctx_mask[rows, neg_k] if with_comp else None,
@@ -104,7 +110,7 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
     (`foco.train.distributed`): `batch` holds this rank's b rows, which are rows `row_offset`.. of the global
     batch; `columns` and `plan` cover the global batch, so each rank computes its rows of the global grid."""
     b, K, D = batch.local.shape
-    rows = torch.arange(b)
+    rows = torch.arange(b, device=batch.local.device)
     if columns is None:
         columns = local_columns(batch, plan.neg_k, with_comp)
     J = plan.columns
@@ -200,9 +206,9 @@ def info_nce(query: torch.Tensor, keys: torch.Tensor, temperature: float, env=No
     Data-parallel (`env`), the rows are this rank's and the keys, cached features, are gathered without gradient;
     the result is this rank's share of the global mean (`foco.train.distributed`)."""
     if env is None or not env.enabled:
-        return F.cross_entropy(query @ keys.t() / temperature, torch.arange(query.shape[0]))
+        return F.cross_entropy(query @ keys.t() / temperature, torch.arange(query.shape[0], device=query.device))
     from .distributed import gather_rows, row_offset
-    labels = torch.arange(query.shape[0]) + row_offset(query.shape[0], env)
+    labels = torch.arange(query.shape[0], device=query.device) + row_offset(query.shape[0], env)
     return F.cross_entropy(query @ gather_rows(keys, env).t() / temperature, labels)
 
 
@@ -219,11 +225,11 @@ def compose_loss(query: torch.Tensor, target: torch.Tensor, negatives: torch.Ten
     average over ranks is the one-process gradient."""
     b = query.shape[0]
     if env is None or not env.enabled:
-        labels = torch.arange(b)
+        labels = torch.arange(b, device=query.device)
         targets, queries = target, None
     else:
         from .distributed import gather_rows, gather_with_grad, row_offset
-        labels = torch.arange(b) + row_offset(b, env)
+        labels = torch.arange(b, device=query.device) + row_offset(b, env)
         targets, queries = gather_rows(target, env), gather_with_grad(query, env)  # (B, D), (B, D) with grad
     to_targets = query @ targets.t() / temperature  # (b, B)
     candidates = to_targets

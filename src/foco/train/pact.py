@@ -38,6 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..utils.device import move, resolved
+
 from ..backbones.tunable import TextTuneConfig, tunable_text
 from ..methods.composer import TextComposer, build_mapper
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
@@ -67,6 +69,7 @@ class PACTTrainConfig:
     mapper_init: str | None = None  # a Pic2Word checkpoint folder to start the mapper from
     max_steps: int | None = None
     seed: int = 0
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
     text: TextTuneConfig = field(default_factory=TextTuneConfig)
 
@@ -95,7 +98,7 @@ def identity_losses(composer: TextComposer, images: torch.Tensor, idx: torch.Ten
                     env: DistEnv = DistEnv()) -> Losses:
     """The warm-up: Pic2Word's objective on the images `idx` (B,) of `images` (N, D) normalised. Data-parallel,
     this rank's B/N rows against the global batch."""
-    v = images[rank_slice(idx, env)]  # (b, D)
+    v = images[rank_slice(idx, env).to(images.device)]  # (b, D)
     return {"loss": pic2word_loss(v, composer(v, None, None), tau, env)}
 
 
@@ -103,10 +106,10 @@ def joint_losses(composer: TextComposer, edits: EditTable, images: torch.Tensor,
                  cfg: PACTTrainConfig, tau: float, env: DistEnv = DistEnv()) -> Losses:
     """L_compose, L_preserve and L_visual (module docstring) of the triplets `idx` (B,), the global batch;
     data-parallel, this rank's B/N triplets, and its part of the global batch's distinct source images."""
-    b = edits.batch(rank_slice(idx, env))  # this rank's b triplets
+    b = move(edits.batch(rank_slice(idx, env)), images.device)  # this rank's b triplets, on the model's device
     v = F.normalize(b.reference.global_, dim=-1)  # (b, D)
     out: Losses = {}
-    loss = torch.zeros(())
+    loss = torch.zeros((), device=v.device)
     if cfg.compose_weight > 0 or cfg.visual_weight > 0:
         q = composer(v, None, b.texts)  # (b, D)
         if cfg.compose_weight > 0:
@@ -119,7 +122,7 @@ def joint_losses(composer: TextComposer, edits: EditTable, images: torch.Tensor,
     if cfg.preserve_weight > 0:
         # the global batch's distinct source images, split over the ranks (their count need not divide)
         rows = rank_chunk(torch.unique(edits.source[idx]), env)
-        u = images[rows]  # (U_r, D)
+        u = images[rows.to(images.device)]  # (U_r, D)
         out["preserve"] = pic2word_loss(u, composer(u, None, None), tau, env)
         loss = loss + cfg.preserve_weight * out["preserve"]
     out["loss"] = loss
@@ -140,10 +143,11 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
     composer = build_composer("pact", "pic2word", cfg.model, cfg.text, backbone, int(edits.image_global.shape[1]),
                               cfg.mapper_init)
     tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
-    images = F.normalize(edits.image_global.float(), dim=-1)  # (N, D)
+    env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
+    composer.to(env.device)
+    images = F.normalize(edits.image_global.float(), dim=-1).to(env.device)  # (N, D)
     n_images = images.shape[0]
 
-    env = current()  # data-parallel under torchrun (`foco.train.distributed`)
     objective = data_parallel(composer, env)  # both phases train the mapper and the tower's trainable part
 
     def identity(idx: torch.Tensor) -> Losses:  # idx (B,) image rows, the global batch
@@ -167,7 +171,7 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
     loop = LoopConfig(len(edits), min(cfg.batch_size, len(edits), n_images), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
                       plot_title="PACT training losses per step (identity warm-up, then joint)",
-                      identity={"backbone": backbone.spec}, env=env)
+                      identity={"backbone": backbone.spec}, env=env, device=env.device)
     run(composer, phases, out, loop, rng, resume)
     if not env.is_main:
         return composer

@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
-from .distributed import DistEnv, current, rank_slice
+from ..utils.device import resolved
+from .distributed import DistEnv, current, ddp, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
 
 
@@ -26,6 +27,7 @@ class Pic2WordTrainConfig:
     temperature: float | None = None  # tau of the loss; None: the backbone's own learned one (CLIP's ~0.01)
     max_steps: int | None = None  # stop early (smoke tests)
     seed: int = 0
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
 
 
@@ -44,12 +46,12 @@ def pic2word_loss(image_global: torch.Tensor, text_global: torch.Tensor, tempera
     DDP's average over ranks is the one-process gradient; ranks may hold different row counts."""
     if env is None or not env.enabled:
         logits = image_global @ text_global.t() / temperature  # (B, B)
-        labels = torch.arange(logits.shape[0])
+        labels = torch.arange(logits.shape[0], device=logits.device)
         return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
     from .distributed import gather_rows, gather_with_grad, row_offset, total_across
     b = image_global.shape[0]
     texts, images = gather_with_grad(text_global, env), gather_rows(image_global, env)  # (B, D) each
-    labels = torch.arange(b) + row_offset(b, env)
+    labels = torch.arange(b, device=image_global.device) + row_offset(b, env)
     total = 0.5 * (F.cross_entropy(image_global @ texts.t() / temperature, labels, reduction="sum") +
                    F.cross_entropy(text_global @ images.t() / temperature, labels, reduction="sum"))
     return total * env.world_size / total_across(b, env) + 0.0 * texts.sum()  # joins the graph when b = 0
@@ -91,18 +93,20 @@ def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, ou
     mapper = Pic2WordMapper(cfg.model)
     tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
     n, B = image_global.shape[0], min(cfg.batch_size, image_global.shape[0])
-    env = current()  # data-parallel under torchrun (`foco.train.distributed`)
+    env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
+    mapper.to(env.device)
+    image_global = image_global.to(env.device)  # (N, D): globals only
     objective = Pic2WordObjective(mapper, backbone, cfg.model.train_prompt, cfg.model.placeholder, tau)
     if env.enabled:
-        objective = torch.nn.parallel.DistributedDataParallel(objective)
+        objective = ddp(objective, env, find_unused=False)
 
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; each rank takes its rows
-        return objective(image_global[rank_slice(idx, env)].float(), env)
+        return objective(image_global[rank_slice(idx, env).to(env.device)].float(), env)
 
     phase = Phase(cfg.epochs, lambda: torch.optim.AdamW(mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                   step, record=lambda steps: {"steps": steps, "temperature": tau})
     run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word",
-                                         env=env), rng, resume)
+                                         env=env, device=env.device), rng, resume)
     if not env.is_main:
         return mapper
     mapper.save(out, {"backbone": backbone.spec, "train": {k: v for k, v in asdict(cfg).items() if k != "model"}})

@@ -33,6 +33,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..utils.device import move, resolved
+
 from ..backbones.tunable import TextTuneConfig
 from ..methods.composer import TextComposer
 from ..methods.pic2word import Pic2WordConfig
@@ -62,6 +64,7 @@ class TSCIRTrainConfig:
     temperature: float | None = None  # None: the backbone's own
     max_steps: int | None = None
     seed: int = 0
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
     text: TextTuneConfig = field(default_factory=TextTuneConfig)
 
@@ -99,8 +102,8 @@ def mapping_losses(composer: TextComposer, data: MappingData, idx: torch.Tensor,
     """L_map + soft_weight L_soft on the examples `idx` (B,), the global batch; data-parallel, this rank's B/N."""
     mine = rank_slice(idx, env)  # (b,)
     rows = data.image_rows[mine]
-    v, patches = data.images[rows], data.patches[rows].float()  # (b, D), (b, P, D)
-    c = data.captions[data.caption_rows[mine]]  # (b, D)
+    v, patches = move(data.images[rows], env.device), move(data.patches[rows].float(), env.device)  # (b, D), (b, P, D)
+    c = move(data.captions[data.caption_rows[mine]], env.device)  # (b, D)
     t = composer.text(composer.prompts(None, len(mine)), composer.mapper(v, patches), composer.cfg.placeholder)
     out = {"map": pic2word_loss(v, t, tau, env)}
     if cfg.soft_weight > 0:
@@ -112,7 +115,7 @@ def mapping_losses(composer: TextComposer, data: MappingData, idx: torch.Tensor,
 def composing_losses(composer: TextComposer, kept: EditTable, idx: torch.Tensor, tau: float,
                      env: DistEnv = DistEnv()) -> Losses:
     """L_comp on the synthetic triplets `idx` (B,), the global batch; data-parallel, this rank's B/N."""
-    b = kept.batch(rank_slice(idx, env))
+    b = move(kept.batch(rank_slice(idx, env)), env.device)
     q = composer(b.reference.global_, b.reference.patches, b.texts)  # (b, D)
     return {"loss": compose_loss(q, b.target_image, None, None, tau, env)}
 
@@ -147,7 +150,8 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
     if len(kept) < 2:
         raise ValueError(f"{match.summary()}: too few synthetic triplets for stage 2; lower --target-threshold")
 
-    env = current()  # data-parallel under torchrun (`foco.train.distributed`)
+    env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
+    composer.to(env.device)
     objective = {}  # the phase's DDP wrapper: the stages train different parts, so each wraps its own
 
     def mapping(idx: torch.Tensor) -> Losses:  # idx (B,) rows of the mapping data, the global batch
@@ -174,7 +178,7 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
     loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(data)), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
                       plot_title="TSCIR training losses per step (mapping, then composing)",
-                      identity={"backbone": backbone.spec}, env=env)
+                      identity={"backbone": backbone.spec}, env=env, device=env.device)
     run(composer, phases, out, loop, rng, resume)
     if not env.is_main:
         return composer, match

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from .loop import Losses, LoopConfig, Phase, run
 from ..metrics import diagonal_recalls
+from ..utils.device import resolve_device, to_device
 from ..utils.io import atomic_write_text, iter_batches, load_image
 from ..utils.provenance import provenance
 from ..utils.progress import progress
@@ -34,6 +35,7 @@ class BackboneTrainConfig:
     warmup_frac: float = 0.05
     grad_clip: float = 1.0
     seed: int = 0
+    device: str = "auto"  # foco.utils.device: "auto", "cpu", "cuda", "cuda:N"
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     model: WorldBackboneConfig = field(default_factory=WorldBackboneConfig)
 
@@ -64,8 +66,8 @@ def encode_minilm(minilm: FrozenMiniLM, texts: list[str], cache: Path, batch_siz
     order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # similar lengths batch together
     for idx in progress(list(iter_batches(order, batch_size)), desc="frozen text encoder"):
         s, m = minilm([texts[i] for i in idx])
-        states[idx, : s.shape[1]] = s.half()
-        mask[idx, : m.shape[1]] = m
+        states[idx, : s.shape[1]] = s.half().cpu()
+        mask[idx, : m.shape[1]] = m.cpu()
     used = int(mask.any(0).nonzero().max()) + 1
     states, mask = states[:, :used].contiguous(), mask[:, :used].contiguous()
     cache.parent.mkdir(parents=True, exist_ok=True)
@@ -76,7 +78,7 @@ def encode_minilm(minilm: FrozenMiniLM, texts: list[str], cache: Path, batch_siz
 def clip_loss(img: torch.Tensor, txt: torch.Tensor, logit_scale: torch.Tensor) -> torch.Tensor:
     """Symmetric InfoNCE over a batch of B matched pairs; img, txt (B, D) normalised."""
     logits = logit_scale.exp().clamp(max=100) * img @ txt.t()  # (B, B)
-    labels = torch.arange(img.shape[0])
+    labels = torch.arange(img.shape[0], device=img.device)
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels))
 
 
@@ -102,15 +104,16 @@ def evaluate_backbone(backbone: WorldBackbone, world: Path, split: str = "backbo
             **{f"image->caption {k}": v for k, v in i2t.items()}}
 
 
-def _clip_step(model: WorldCLIP, images: torch.Tensor, states: torch.Tensor, mask: torch.Tensor
-               ) -> Callable[[torch.Tensor], Losses]:
-    """The step on a batch of pairs: images (N, S, S, 3) uint8, frozen text states (N, L, 384), masks (N, L)."""
+def _clip_step(model: WorldCLIP, images: torch.Tensor, states: torch.Tensor, mask: torch.Tensor,
+               device: str = "cpu") -> Callable[[torch.Tensor], Losses]:
+    """The step on a batch of pairs: images (N, S, S, 3) uint8, frozen text states (N, L, 384), masks (N, L), held
+    on the CPU; each batch is copied to `device`."""
     def step(idx: torch.Tensor) -> Losses:  # idx (B,)
-        x = uint8_to_input(images[idx])  # (B, 3, S, S)
+        x = uint8_to_input(to_device(images[idx], device))  # (B, 3, S, S)
         m = mask[idx]
         used = int(m.any(0).nonzero().max()) + 1
         img_g, _ = model.image(x)  # (B, D)
-        txt_g, _ = model.text(states[idx, :used].float(), m[:, :used])  # (B, D)
+        txt_g, _ = model.text(to_device(states[idx, :used].float(), device), to_device(m[:, :used], device))  # (B, D)
         return {"loss": clip_loss(F.normalize(img_g, dim=-1), F.normalize(txt_g, dim=-1), model.logit_scale)}
     return step
 
@@ -125,20 +128,21 @@ def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainC
     t0 = time.time()
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    model = WorldCLIP(cfg.model)
-    minilm = FrozenMiniLM(cfg.model.text_encoder, cfg.model.max_text_len)
+    device = str(resolve_device(cfg.device))
+    model = WorldCLIP(cfg.model).to(device)  # initialised on the CPU (the same weights everywhere), then moved
+    minilm = FrozenMiniLM(cfg.model.text_encoder, cfg.model.max_text_len).to(device)
     _, images, captions = load_split_arrays(world, "pretrain", cfg.model.image_size)
     states, mask = encode_minilm(minilm, captions, out / "cache" / "pretrain_minilm.safetensors")
     n = images.shape[0]
     if n < cfg.batch_size:
         raise ValueError(f"pretrain split has {n} pairs, fewer than one batch of {cfg.batch_size}")
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
-    phase = Phase(cfg.epochs, lambda: opt, _clip_step(model, images, states, mask),
+    phase = Phase(cfg.epochs, lambda: opt, _clip_step(model, images, states, mask, device),
                   record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
-    run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone"), rng,
-        resume)
+    run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone",
+                                        device=device), rng, resume)
     train_s = time.time() - t0
-    backbone = WorldBackbone(model, str(out))
+    backbone = WorldBackbone(model, str(out), device)
     metrics = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
     save_world_checkpoint(model, out, extra={"train": {k: v for k, v in asdict(cfg).items() if k != "model"},
                                               "world": str(Path(world).resolve()), "metrics": metrics,

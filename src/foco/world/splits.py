@@ -1,6 +1,7 @@
 """What the feature cache encodes for each world split."""
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from ..backbones.base import Backbone
@@ -41,6 +42,17 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
                         cfg: ExtractConfig = ExtractConfig(), include_captions: bool = True,
                         decompositions: dict[str, Decomposition] | None = None) -> dict[str, dict]:
     """Encodes a split's images and texts into `out`. FoCo training needs only the local and contextual captions;
-    `include_captions=False` skips the full captions."""
+    `include_captions=False` skips the full captions. A pairs split stores token features for its contextual
+    captions only (F_Comp reads them token by token; everything else is read by its global vector), unless
+    `cfg.tokens_for` says otherwise."""
     images, texts = split_items(world, split, include_captions, decompositions)
+    if "/" not in split and cfg.tokens and cfg.tokens_for is None:
+        cfg = replace(cfg, tokens_for=context_texts(world, split, decompositions))
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}
+
+
+def context_texts(world: str | Path, split: str, decompositions: dict[str, Decomposition] | None = None
+                  ) -> frozenset[str]:
+    """The contextual captions of a pairs split's decompositions (the world's oracle ones unless given)."""
+    return frozenset(pair.context for p in load_pairs(world, split)
+                     for pair in (p.decomposition if decompositions is None else decompositions[p.id]).pairs)
