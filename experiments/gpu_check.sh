@@ -22,9 +22,8 @@
 # the bench's arguments), TOTAL_S (whole budget in seconds, default 470), WORK (scratch folder, default a new
 # /tmp/foco-gpu-check.*).
 #
-# `--device` on `foco features extract` / `foco train` is new: where a command rejects it ("unrecognized
-# arguments: --device"), the step is rerun without it and the report notes that (the step then runs on foco's
-# default device).
+# Every foco command here takes `--device` (issue 22). Should an older checkout reject it ("unrecognized
+# arguments: --device"), the step is rerun without it and the report says so (it then runs on foco's default).
 set -uo pipefail
 
 DEVICE=cuda

@@ -93,38 +93,6 @@ def test_the_recorder_sees_a_tensor_made_without_its_device(recorder):
     assert gather_rows(torch.ones(2, 3), DistEnv()).shape == (2, 3)
 
 
-def test_every_trainer_creates_its_tensors_on_its_device(recorder, tiny_world, train_features, edit_table,  # noqa: F811
-                                                         tmp_path):
-    from foco.backbones import create_backbone
-    from foco.features import FeatureCache
-    from foco.model import FoCoConfig
-    from foco.train.data import build_pair_table
-    from foco.train.foco import FoCoTrainConfig, train_foco
-    from foco.train.pact import PACTTrainConfig, train_pact
-    from foco.train.pic2word import Pic2WordTrainConfig, train_pic2word
-    from foco.train.tscir import TSCIRTrainConfig, train_tscir
-    from foco.world.decompositions import world_decompositions
-    table = build_pair_table(train_features, world_decompositions(tiny_world, "train"))
-    cfg = FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, stage3_epochs=1, batch_size=32, max_steps=2,
-                          max_negatives=7, image_weight=0.3, model=FoCoConfig(learn_bias=True), device="cpu")
-    train_foco(table, tmp_path / "foco", cfg, edits=edit_table.with_targets("auto")[0])
-    bb = create_backbone(FeatureCache(train_features).manifest["backbone"], "cpu")
-    images = FeatureCache(train_features).images(patches=False)[1].global_
-    train_pic2word(images, bb, tmp_path / "p2w", Pic2WordTrainConfig(epochs=1, batch_size=32, max_steps=2,
-                                                                      device="cpu"))
-    train_pact(edit_table, bb, tmp_path / "pact", PACTTrainConfig(identity_epochs=1, joint_epochs=1, max_steps=2,
-                                                                  batch_size=16, device="cpu"))
-    train_tscir(edit_table, bb, tmp_path / "tscir", TSCIRTrainConfig(stage1_epochs=1, stage2_epochs=1, max_steps=2,
-                                                                     batch_size=16, device="cpu"))
-    assert recorder.found == [], "tensors made without their device:\n" + "\n".join(sorted(set(recorder.found)))
-
-
-def test_the_world_backbone_trainer_creates_its_tensors_on_its_device(recorder, tiny_world, tmp_path):
-    from foco.train.world_backbone import BackboneTrainConfig, train_world_backbone
-    train_world_backbone(tiny_world, tmp_path / "bb", BackboneTrainConfig(epochs=1, batch_size=128, device="cpu"))
-    assert recorder.found == [], "\n".join(sorted(set(recorder.found)))
-
-
 def _ranks_worker(rank: int, world: int, rendezvous: str, features: str, worldpath: str, out: str) -> None:
     import datetime
     import json
@@ -293,7 +261,10 @@ def test_cuda_extraction_writes_what_the_cpu_writes(tiny_world, tmp_path):
     assert a[0] == b[0] and torch.allclose(a[1].global_, b[1].global_, atol=2e-3)
 
 
-def test_every_trainer_runs_from_the_command_line_with_device_cpu(tiny_world, train_features, tmp_path):  # noqa: F811
+def test_every_trainer_runs_with_device_cpu_and_makes_its_tensors_on_it(recorder, tiny_world, train_features,  # noqa: F811
+                                                                       tmp_path):
+    """Every trainer, from the command line with an explicit --device cpu, under the FactoryRecorder: FoCo's
+    stages 1-2, its edit stage (with the target-image term), Pic2Word, PACT, TSCIR and the world backbone."""
     from foco.cli import main
     from foco.decompose.inputs import read_captions
     from foco.edits.rule import RuleWriter
@@ -305,7 +276,8 @@ def test_every_trainer_runs_from_the_command_line_with_device_cpu(tiny_world, tr
     runs = [["train", "--features", f, "--world", w, "--out", str(o / "foco"), "--stage1-epochs", "1",
              "--stage2-epochs", "1", "--batch-size", "128", "--max-negatives", "7"],
             ["train", "--features", f, "--world", w, "--out", str(o / "edits"), "--stage1-epochs", "1",
-             "--stage2-epochs", "0", "--batch-size", "128", "--edits", str(store), "--stage3-epochs", "1"],
+             "--stage2-epochs", "0", "--batch-size", "128", "--edits", str(store), "--stage3-epochs", "1",
+             "--image-weight", "0.3"],
             ["pic2word", "train", "--features", f, "--out", str(o / "p2w"), "--epochs", "1", "--batch-size", "256"],
             ["pact", "train", "--features", f, "--edits", str(store), "--out", str(o / "pact"), "--max-steps", "2",
              "--batch-size", "32"],
@@ -314,3 +286,4 @@ def test_every_trainer_runs_from_the_command_line_with_device_cpu(tiny_world, tr
             ["backbone", "train", "--world", w, "--out", str(o / "bb"), "--epochs", "1", "--batch-size", "256"]]
     for argv in runs:
         assert main(argv + ["--device", "cpu"]) == 0, argv
+    assert recorder.found == [], "tensors made without their device:\n" + "\n".join(sorted(set(recorder.found)))

@@ -122,3 +122,19 @@ def test_cli_extract_with_world_backbone(tmp_path, tiny_world, capsys):
     assert "images:" in out and "texts:" in out
     ids, f = FeatureCache(tmp_path / "c").images()
     assert f.patches.shape == (len(ids), 64, 32)
+
+
+def test_a_context_stored_without_tokens_is_refused_not_trained_on(tmp_path, tiny_world):
+    """A training split stores tokens only for the contexts of the decompositions it was extracted with; pairs
+    whose context is another text (here the caption, stored as a global vector) must not train F_Comp on nothing."""
+    from foco.decompose.schema import Decomposition, LocalContextPair
+    from foco.train.data import build_pair_table
+    from foco.world.manifest import load_pairs
+    extract_world_split(HashBackbone(), tiny_world, "backbone_val", tmp_path / "c", ExtractConfig(shard_size=64))
+    pairs = load_pairs(tiny_world, "backbone_val")
+    oracle = {p.id: p.decomposition for p in pairs}
+    assert len(build_pair_table(tmp_path / "c", oracle)) == len(pairs)
+    other = {p.id: Decomposition(p.caption, [LocalContextPair(p.decomposition.pairs[0].local, p.caption)])
+             for p in pairs}
+    with pytest.raises(ValueError, match=r"contextual captions have no token features.*extract it again"):
+        build_pair_table(tmp_path / "c", other)

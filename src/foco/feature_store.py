@@ -36,6 +36,10 @@ _DTYPES = {"F16": (np.float16, torch.float16), "F32": (np.float32, torch.float32
            "U8": (np.uint8, torch.uint8)}
 
 
+_WINDOW = 1 << 16  # the kernel's fault-around window (fault_around_bytes), a multiple of the page size
+MAX_OPEN = 512  # shards a `Rows` keeps mapped at once (a mapping each; no file descriptor stays open)
+
+
 class ShardFile:
     """One safetensors shard, opened and mapped once, read by rows. `fix` says how to repair a damaged shard.
 
@@ -64,13 +68,19 @@ class ShardFile:
                     raise ValueError(f"tensor {name} runs past the end of the file")
                 self.tensors[name] = (info["dtype"], tuple(info["shape"]), 8 + n + start)
             self.mm = mmap.mmap(self.fd, 0, prot=mmap.PROT_READ) if size else None
+            os.close(self.fd)  # the mapping holds the file; a corpus of many shards must not hold a descriptor each
+            self.fd = -1
         except (ValueError, KeyError, UnicodeDecodeError, struct.error) as exc:
             os.close(self.fd)
+            self.fd = -1
             raise ValueError(f"{self.path} is not a readable safetensors shard ({exc}); {self.fix}") from None
 
     def close(self) -> None:
         if self.mm is not None:
-            self.mm.close()
+            try:
+                self.mm.close()
+            except BufferError:  # a reader still holds a view: the mapping goes when it does
+                pass
             self.mm = None
         if self.fd >= 0:
             os.close(self.fd)
@@ -97,19 +107,19 @@ class ShardFile:
         return np.frombuffer(self.mm, dtype=np_dtype, count=count, offset=start).reshape(shape)
 
     def _release(self, name: str, rows: np.ndarray | None = None) -> None:
-        """Hands the pages of tensor `name` (of its rows from rows.min() to rows.max()) back to the page cache: they
-        leave this process's resident set."""
+        """Hands the pages of tensor `name` that a read of `rows` can have mapped back to the page cache: they leave
+        this process's resident set. The range is widened to the 64 KiB windows around it, because the kernel maps
+        the pages around each fault too (fault-around), beyond the rows asked for."""
         if self.mm is None:
             return
         dtype, shape, start = self.tensors[name]
         row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * np.dtype(_DTYPES[dtype][0]).itemsize
         lo, hi = (0, shape[0] if shape else 1) if rows is None or not len(rows) else \
             (int(rows.min()), int(rows.max()) + 1)
-        page = mmap.PAGESIZE
-        begin = (start + lo * row_bytes) // page * page
-        length = start + hi * row_bytes - begin
-        if length > 0:
-            self.mm.madvise(mmap.MADV_DONTNEED, begin, length)
+        begin = (start + lo * row_bytes) // _WINDOW * _WINDOW
+        end = min(len(self.mm), -(-(start + hi * row_bytes) // _WINDOW) * _WINDOW)
+        if end > begin:
+            self.mm.madvise(mmap.MADV_DONTNEED, begin, end - begin)
 
     def _torch(self, a: np.ndarray, name: str) -> torch.Tensor:
         t = torch.from_numpy(a)
@@ -170,10 +180,16 @@ class Rows:
     def _open(self, s: int) -> ShardFile:
         f = self._files.get(s)
         if f is None:
-            f = self._files[s] = ShardFile(self.paths[s], self.fix)
+            f = ShardFile(self.paths[s], self.fix)
             if f.has("global") and f.shape("global")[0] != self.counts[s]:
+                f.close()
                 raise ValueError(f"{self.paths[s]}: holds {f.shape('global')[0]} rows where its record lists "
                                  f"{self.counts[s]}; {self.fix}")
+            while len(self._files) >= MAX_OPEN:  # the least recently opened shard is closed (reopened if read)
+                oldest = next(iter(self._files))
+                self._files.pop(oldest).close()
+                self._offsets.pop(oldest, None)
+            self._files[s] = f
         return f
 
     def has(self, name: str) -> bool:
@@ -198,6 +214,21 @@ class Rows:
             self.file(s).rows_into(name, local[begin:end], out, order[begin:end])
         return f0._torch(out, name)
 
+    def lengths(self, idx) -> np.ndarray:
+        """(n,) how many tokens each text `idx` has stored (0: stored without tokens)."""
+        idx = np.asarray(idx, dtype=np.int64)
+        order = np.argsort(idx, kind="stable")
+        shard, local = self._locate(idx[order])
+        out = np.zeros(len(idx), dtype=np.int64)
+        for s, begin, end in _runs(shard):
+            f, rows = self.file(s), local[begin:end]
+            if f.has("offsets"):
+                off = f.read("offsets").numpy()
+                out[order[begin:end]] = off[rows + 1] - off[rows]
+            elif f.has("mask"):
+                out[order[begin:end]] = f.rows("mask", rows).numpy().sum(1)
+        return out
+
     def tokens(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
         """Token features and mask of texts `idx` (n,) -> (n, L, D), (n, L) bool, L the longest of them,
         zero-padded; ragged and padded shards alike."""
@@ -206,12 +237,14 @@ class Rows:
         shard, local = self._locate(idx[order])
         runs = list(_runs(shard))
         lengths = np.zeros(len(idx), dtype=np.int64)  # in the order of idx
+        offsets: dict[int, np.ndarray] = {}  # this call's, kept even if the shard is closed meanwhile
         for s, begin, end in runs:
             f, rows = self.file(s), local[begin:end]
             if f.has("offsets"):
                 off = self._offsets.get(s)
                 if off is None:
                     off = self._offsets[s] = f.read("offsets").numpy()
+                offsets[s] = off
                 lengths[order[begin:end]] = off[rows + 1] - off[rows]
             elif f.has("tokens"):
                 lengths[order[begin:end]] = f.rows("mask", rows).numpy().sum(1)  # masks are right-padded
@@ -227,7 +260,7 @@ class Rows:
             f, rows, dest = self.file(s), local[begin:end], order[begin:end]
             n = lengths[dest]
             if f.has("offsets"):
-                off = self._offsets[s]
+                off = offsets[s]
                 src = np.repeat(off[rows] - np.cumsum(n) + n, n) + np.arange(int(n.sum()))  # flat token rows
                 pos = np.repeat(dest, n), np.arange(int(n.sum())) - np.repeat(np.cumsum(n) - n, n)
                 f.gather_into("tokens", src, out, pos)

@@ -30,7 +30,7 @@ import json
 import logging
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -107,6 +107,8 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     if len(set(ids)) != len(ids):
         raise ValueError(f"{kind}: ids must be unique")
     out.mkdir(parents=True, exist_ok=True)
+    device = str(getattr(backbone, "device", "cpu"))  # "auto" precision resolves for the device that encodes
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
     _check_manifest(out, kind, backbone, [f"{i}\t{_cache_key(p)}" for i, p in zip(ids, payload)], cfg)
     shard_dir = out / kind
     shard_dir.mkdir(exist_ok=True)
@@ -130,7 +132,7 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     for s in todo:
         parts: dict[str, list[torch.Tensor]] = {}
         for batch in iter_batches(shards[s], cfg.batch_size):
-            with autocast(cfg.precision, getattr(backbone, "device", "cpu")):
+            with autocast(cfg.precision, device):
                 feats = encode([payload[i] for i in batch], [ids[i] for i in batch])
             for name, t in feats.items():
                 parts.setdefault(name, []).append(t.detach().cpu())

@@ -47,11 +47,12 @@ def _corpus_extract(a: argparse.Namespace, cfg) -> int:
 
 def corpus_decompositions(a: argparse.Namespace):
     """A function of one shard's captions -> their Decompositions in --decompositions (asked shard by shard, so
-    that no corpus-sized map is held; --max-fallback applies to each shard)."""
-    from ..decompose.store import stored_decompositions
+    that no corpus-sized map is held); --max-fallback is checked once, over the store's counts."""
+    from ..decompose.store import check_fallback_share, stored_decompositions
+    check_fallback_share(a.decompositions, a.decomposer, a.max_fallback)
 
     def lookup(captions: list[str]) -> dict:
-        return stored_decompositions([(c, c) for c in captions], a.decompositions, a.decomposer, a.max_fallback)
+        return stored_decompositions([(c, c) for c in captions], a.decompositions, a.decomposer, 1.0)
     return lookup
 
 
@@ -94,6 +95,8 @@ def _train(a: argparse.Namespace) -> int:
         if a.backbone is None or a.edits:
             raise ValueError("--online needs --backbone SPEC (the frozen backbone to run in the loop), and trains "
                              "the paper's two stages (no --edits)")
+        from ..decompose.store import check_fallback_share
+        check_fallback_share(a.decompositions, a.decomposer, a.max_fallback)
         table, sharded, spec = online_table(a.inp, a.backbone, a.decompositions, a.decomposer, env.device,
                                             a.workers), False, a.backbone
     else:

@@ -259,3 +259,18 @@ def stored_decompositions(items: list[tuple[str, str]], store: str | Path, decom
         logging.getLogger(__name__).warning("%d of %d %scaptions in %s (%s) were written by a fallback", flagged,
                                             len(items), what, store, decomposer)
     return {i: found[c] for i, c in items}
+
+
+def check_fallback_share(store: str | Path, decomposer: str, max_fallback: float) -> None:
+    """The rule of `stored_decompositions` over a whole store, from its counts alone (for a corpus read one shard
+    at a time): more than `max_fallback` of the rows written by a fallback is refused."""
+    if not Path(store).is_file():
+        raise FileNotFoundError(f"decomposition store not found: {store} (run `foco decompose --out {store}`)")
+    with DecompositionStore(store) as s:
+        sid = s.resolve(decomposer)
+        flagged, total = s.flagged(sid), s.count(sid)
+    if flagged > max_fallback * total:
+        raise ValueError(f"{flagged} of {total} captions in {store} ({decomposer}) were written by a fallback, more "
+                         f"than --max-fallback {max_fallback:g}: ask again with `foco decompose ... --retry-flagged`, "
+                         "or raise --max-fallback")
+

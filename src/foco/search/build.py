@@ -21,7 +21,7 @@ import logging
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import replace, asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -112,6 +112,8 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
                 device: str = "cpu") -> IndexStats:
     """Builds or brings up to date the index in `out` (see the module docstring). `precomputed` maps a resolved
     file path to its (D,) global feature from an earlier extraction with the same backbone, to skip encoding it."""
+    device = str(getattr(backbone, "device", device))  # "auto" precision: bf16 where this device computes it
+    cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
     out = Path(out)
     root = Path(cfg.images)
     if not root.is_dir():
@@ -192,7 +194,7 @@ def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Pat
         keys = [str((root / r.path).resolve()) for r in rows]
         if all(k in precomputed for k in keys):
             return np.stack([precomputed[k] for k in keys]).astype(np.float32), None
-    with autocast(cfg.precision):
+    with autocast(cfg.precision, str(getattr(backbone, "device", "cpu"))):
         f = backbone.encode_images(images)
     vecs = f.global_.float().numpy()
     return vecs, (f.patches.float().numpy() if cfg.with_patches else None)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -116,9 +117,7 @@ class StreamingPairTable:
     def prefetch(self, batches: list[torch.Tensor], depth: int = 2) -> None:
         """Reads this epoch's `batches` (each (B,)) in a background thread, `depth` ahead of the steps that ask for
         them, so that reading overlaps the step's compute (`batch` returns what it would have read itself)."""
-        from concurrent.futures import ThreadPoolExecutor
-        if getattr(self, "_pool", None) is None:
-            self._pool = ThreadPoolExecutor(1, thread_name_prefix="foco-read")
+        self._pool = _reader()
         self._queue = list(batches)
         self._ahead = [(b, self._pool.submit(self.read, b)) for b in self._queue[:depth]]
         self._queue = self._queue[depth:]
@@ -183,6 +182,15 @@ class _Subset(StreamingPairTable):
     def image_rows(self, idx: torch.Tensor) -> torch.Tensor:
         return self._rows[idx]
 
+    def subset(self, keep: set[str]) -> "StreamingPairTable":
+        rows = torch.tensor([n for n, i in enumerate(self.ids) if i in keep], dtype=torch.long, device="cpu")
+        table = _Subset(self, rows)
+        table._rows = self._rows[rows]  # rows of the shards, not of this subset
+        return table
+
+    def materialise(self) -> PairTable:
+        raise NotImplementedError("materialise a table, then take its subset (PairTable.subset)")
+
     def with_max_pairs(self, k: int) -> "StreamingPairTable":
         if k >= self.local_idx.shape[1]:
             return self
@@ -195,6 +203,17 @@ class _Subset(StreamingPairTable):
     @property
     def image_global(self) -> torch.Tensor:
         return F.normalize(self.images.rows("global", self._rows.numpy()).float(), dim=-1)
+
+
+_READER: list = []
+
+
+def _reader():
+    """The one background thread that reads batches ahead (`StreamingPairTable.prefetch`), shared by every table."""
+    if not _READER:
+        from concurrent.futures import ThreadPoolExecutor
+        _READER.append(ThreadPoolExecutor(1, thread_name_prefix="foco-read"))
+    return _READER[0]
 
 
 Lookup = Callable[[str, list[str]], dict[str, Decomposition]]  # (part name, its image ids) -> {id: Decomposition}
@@ -224,6 +243,7 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
         text_ids, texts = fc.rows("texts")
         decs = decompositions(name, image_ids) if callable(decompositions) else decompositions
         li, ci = _pair_indices(image_ids, text_ids, decs, width, text_base, part)
+        _check_context_tokens(texts, ci, text_base, text_ids, part)
         locals_.append(li)
         contexts.append(ci)
         image_paths += images.paths
@@ -247,6 +267,19 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
         ids = lambda: [i for c in caches for i in FeatureCache(c).ids("images")]  # noqa: E731
     return StreamingPairTable(Rows(image_paths, image_counts, fix), Rows(text_paths, text_counts, fix), local_idx,
                               context_idx, dim, ids, names if is_corpus(cache) else [])
+
+
+def _check_context_tokens(texts: Rows, context_idx: torch.Tensor, text_base: int, text_ids: list[str],
+                          where: Path) -> None:
+    """Every contextual caption the pairs use must have its tokens stored: a training split stores tokens only for
+    the contexts of the decompositions it was extracted with, and F_Comp would silently read none."""
+    rows = np.unique(context_idx[context_idx >= 0].numpy() - text_base)
+    empty = rows[texts.lengths(rows) == 0]
+    if len(empty):
+        raise ValueError(f"{len(empty)} contextual captions have no token features in {where}, e.g. "
+                         f"{text_ids[int(empty[0])]!r}: it was extracted with other decompositions; extract it again "
+                         "with these (foco features extract ... --decompositions STORE --decomposer NAME) into a new "
+                         "--out")
 
 
 def _check_part(part: Path) -> None:

@@ -56,7 +56,8 @@ def pair_table(src: PairSource, env: DistEnv = DistEnv(), max_pairs: int = 5) ->
     lookup.check_parts(src.features, env.rank, env.world_size)
     table = build_pair_table(src.features, lookup, max_pairs, rank=env.rank, world_size=env.world_size, k=max_pairs)
     lookup.finish()
-    used = int((table.local_idx >= 0).sum(0).nonzero().max()) + 1
+    present = (table.local_idx >= 0).sum(0).nonzero()
+    used = int(present.max()) + 1 if len(present) else 1
     return table.with_max_pairs(total_across(min(max_pairs, used), env, "max")), True  # K agreed over ranks
 
 

@@ -26,9 +26,9 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     spec = (spec or "auto").strip()
     local_rank = os.environ.get("LOCAL_RANK")
     if spec == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda", int(local_rank) if local_rank is not None else torch.cuda.current_device())
-        return torch.device("cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        spec = "cuda"
     try:
         device = torch.device(spec)
     except RuntimeError:
@@ -38,7 +38,11 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
             raise ValueError(f"--device {spec}: CUDA is not available on this machine (torch {torch.__version__}); "
                              "use --device cpu or auto")
         if device.index is None:
-            device = torch.device("cuda", int(local_rank) if local_rank is not None else torch.cuda.current_device())
+            count = torch.cuda.device_count()
+            if local_rank is not None and int(local_rank) < count:
+                device = torch.device("cuda", int(local_rank))  # torchrun: one GPU per local rank
+            else:  # e.g. one visible GPU per rank (a scheduler sets CUDA_VISIBLE_DEVICES)
+                device = torch.device("cuda", torch.cuda.current_device())
         if device.index >= torch.cuda.device_count():
             raise ValueError(f"--device {spec}: this machine has {torch.cuda.device_count()} CUDA device(s)")
     return device
