@@ -277,6 +277,7 @@ class FeatureCache:
         """Every shard's record, each shard checked (size and mtime; hashed only when they changed)."""
         shard_dir = self.path / kind
         records = []
+        unstamped = 0
         for s in range(self._n_shards(kind)):
             meta = shard_dir / f"shard-{s:05d}.json"
             if not meta.is_file():
@@ -285,6 +286,11 @@ class FeatureCache:
             if problem is not None:
                 raise ValueError(f"{shard_dir / f'shard-{s:05d}.safetensors'}: {problem}; {_FIX}")
             records.append(read_json(meta))
+            unstamped += "sha256" in records[-1] and "bytes" not in records[-1]
+        if unstamped:
+            log.warning("%s: %d shards record no size and mtime (written before they were recorded), so they were "
+                        "hashed to be checked; `foco features verify --cache %s` records them once", shard_dir,
+                        unstamped, self.path)
         return records
 
     def ids(self, kind: str) -> list[str]:
