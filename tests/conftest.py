@@ -13,3 +13,37 @@ def tiny_world(tmp_path_factory):
     out = tmp_path_factory.mktemp("world") / "tiny"
     assert main(["world", "generate", "--out", str(out), "--size", "tiny"]) == 0
     return out
+
+
+@pytest.fixture(scope="session")
+def train_features(tiny_world, tmp_path_factory):
+    """The tiny world's training split encoded once per session by a small random world backbone."""
+    import torch
+    from foco import create_backbone
+    from foco.backbones.world import WorldCLIP, save_world_checkpoint
+    from foco.world.splits import extract_world_split
+    from test_train import SMALL
+    root = tmp_path_factory.mktemp("train-feats")
+    torch.manual_seed(0)
+    save_world_checkpoint(WorldCLIP(SMALL), root / "bb")
+    extract_world_split(create_backbone(f"world:{root / 'bb'}"), tiny_world, "train", root / "f", include_captions=False)
+    return root / "f"
+
+
+@pytest.fixture(scope="session")
+def edit_table(tiny_world, train_features, tmp_path_factory):
+    from foco import create_backbone
+    from foco.decompose.inputs import read_captions
+    from foco.edits.rule import RuleWriter
+    from foco.edits.run import GenerateConfig, run_generate
+    from foco.edits.store import EditStore
+    from foco.features import FeatureCache
+    from foco.train.edit_data import build_edit_table, encode_edit_texts
+    root = tmp_path_factory.mktemp("edits")
+    sources = [(r.id, r.truth) for r in read_captions(tiny_world, split="train")]
+    stats = run_generate(sources, RuleWriter(), root / "e.sqlite", GenerateConfig(per_caption=2))
+    with EditStore(root / "e.sqlite") as store:
+        records = store.records(stats.settings_id)
+    backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
+    encode_edit_texts(backbone, records, root / "texts")
+    return build_edit_table(train_features, root / "texts", records)

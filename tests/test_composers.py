@@ -13,8 +13,6 @@ from foco.backbones.tunable import TextTuneConfig, tunable_text
 from foco.train.targets import best_images, match_targets, own_pair_threshold, parse_threshold
 
 from test_backbone_hf import clip_dir  # noqa: F401  (fixture: a tiny random CLIP saved to disk)
-from test_foco_edits import edit_table  # noqa: F401  (fixture: the tiny world's ITT triplets with features)
-from test_train import train_features  # noqa: F401
 
 
 def test_lora_with_zero_weights_is_the_untuned_text_tower(clip_dir):  # noqa: F811

@@ -27,8 +27,6 @@ from torch.utils._pytree import tree_flatten
 
 import foco
 import foco.train.loop as loop
-from test_foco_edits import edit_table  # noqa: F401  (fixture)
-from test_train import train_features  # noqa: F401  (fixture)
 
 SRC = str(Path(foco.__file__).resolve().parent)
 TORCH = str(Path(torch.__file__).resolve().parent)

@@ -15,7 +15,6 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 
 from test_distributed import _backward_and_report, _finish, _init, _rendezvous
-from test_train import train_features  # noqa: F401  (fixture: the tiny world's training features)
 
 # a global batch of 16 triplets (two per source image) with 9 distinct sources, an odd count; sources 0 and 4 are
 # on both ranks' halves, so that the distinct sources must be those of the global batch, not each rank's

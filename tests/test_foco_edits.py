@@ -13,7 +13,6 @@ from foco.model import ComposedQueryEncoder, FoCoConfig
 from foco.train.edit_data import EditBatch
 from foco.train.losses import edit_losses
 
-from test_train import train_features  # noqa: F401  (fixture: the tiny world's train split, a small backbone)
 
 
 def _random_batch(B=5, D=16, P=4, L=6, Kn=2, seed=0) -> EditBatch:
@@ -66,25 +65,6 @@ def test_edit_losses_match_a_per_example_twin(use_negatives, image_weight):
     else:
         assert "target_image" not in got
     assert got["loss"].item() == pytest.approx(compose + w * preserve / B + image_weight * image, abs=1e-4)
-
-
-@pytest.fixture(scope="module")
-def edit_table(tiny_world, train_features, tmp_path_factory):  # noqa: F811
-    from foco import create_backbone
-    from foco.decompose.inputs import read_captions
-    from foco.edits.rule import RuleWriter
-    from foco.edits.run import GenerateConfig, run_generate
-    from foco.edits.store import EditStore
-    from foco.features import FeatureCache
-    from foco.train.edit_data import build_edit_table, encode_edit_texts
-    root = tmp_path_factory.mktemp("edits")
-    sources = [(r.id, r.truth) for r in read_captions(tiny_world, split="train")]
-    stats = run_generate(sources, RuleWriter(), root / "e.sqlite", GenerateConfig(per_caption=2))
-    with EditStore(root / "e.sqlite") as store:
-        records = store.records(stats.settings_id)
-    backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
-    encode_edit_texts(backbone, records, root / "texts")
-    return build_edit_table(train_features, root / "texts", records)
 
 
 def _train(train_features, tiny_world, out, stage3, edits, resume=False):  # noqa: F811

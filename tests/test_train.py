@@ -10,20 +10,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from foco.backbones.world import WorldBackboneConfig, WorldCLIP, save_world_checkpoint
-from foco.world.splits import extract_world_split
+from foco.backbones.world import WorldBackboneConfig
 
 SMALL = WorldBackboneConfig(widths=(8, 16, 32), embed_dim=32, text_width=32, text_layers=1, text_heads=2)
-
-
-@pytest.fixture(scope="module")
-def train_features(tiny_world, tmp_path_factory):
-    from foco import create_backbone
-    root = tmp_path_factory.mktemp("train-feats")
-    torch.manual_seed(0)
-    save_world_checkpoint(WorldCLIP(SMALL), root / "bb")
-    extract_world_split(create_backbone(f"world:{root / 'bb'}"), tiny_world, "train", root / "f", include_captions=False)
-    return root / "f"
 
 
 def _cmd(world, feats, out, *extra):
