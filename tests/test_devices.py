@@ -5,7 +5,8 @@ while the model is elsewhere. Checked on the CPU alone, two ways:
   naming its device (`torch.zeros(n)`, `torch.arange(b)`, `torch.tensor([...])`). On a GPU such a tensor lands on
   the CPU: a collective that gets it fails under nccl (the `sizes` of `gather_rows` before issue 22), and an op that
   mixes it with the model's tensors fails. On the CPU nothing fails, but the recorder sees the call, whatever the
-  device. It is active over every epoch of every trainer, on one process and on two gloo ranks.
+  device. It is active over every epoch of every trainer here, and on two gloo ranks in
+  tests/test_distributed.py::test_a_short_two_rank_run_reaches_the_single_process_weights.
 * `DeviceMix` (a TorchDispatchMode) runs one step and its backward of each FoCo stage with the model on the `meta`
   device and records every aten op that takes a CPU tensor (other than a 0-dim scalar, which CUDA ops accept) and a
   meta one: a batch, a loss term or a plan that was not moved to the model's device. The meta device cannot run the
@@ -89,55 +90,6 @@ def test_the_recorder_sees_a_tensor_made_without_its_device(recorder):
         losses.plan_negatives(torch.ones(4, 2, dtype=torch.bool))  # foco code that names its devices
     assert recorder.found == []
     assert gather_rows(torch.ones(2, 3), DistEnv()).shape == (2, 3)
-
-
-def _ranks_worker(rank: int, world: int, rendezvous: str, features: str, worldpath: str, out: str) -> None:
-    import datetime
-    import json
-    import torch.distributed as dist
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=60))
-        from foco.train.distributed import DistEnv, shutdown
-        from foco.train.data import build_pair_table
-        from foco.train.foco import FoCoTrainConfig, train_foco
-        from foco.world.decompositions import world_decompositions
-        rec = FactoryRecorder()
-        epoch = loop._epoch
-
-        def recorded(*args, **kwargs):
-            with rec:
-                return epoch(*args, **kwargs)
-
-        loop._epoch = recorded
-        table = build_pair_table(features, world_decompositions(worldpath, "train"))
-        train_foco(table, out, FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, batch_size=16, max_steps=2,
-                                               max_negatives=5, device="cpu"))
-        Path(f"{out}-rank{rank}.json").write_text(json.dumps(rec.found))
-        shutdown(DistEnv(rank, world))
-        os._exit(0)
-    except Exception:
-        traceback.print_exc()
-        os._exit(1)
-
-
-def test_two_ranks_make_their_collective_tensors_on_the_device(tiny_world, train_features, tmp_path):  # noqa: F811
-    import json
-    import uuid
-    import torch.multiprocessing as mp
-    ctx = mp.get_context("spawn")
-    out = str(tmp_path / "ddp")
-    rdv = str(tmp_path / f"rdv-{uuid.uuid4().hex}")
-    procs = [ctx.Process(target=_ranks_worker, args=(r, 2, rdv, str(train_features), str(tiny_world), out))
-             for r in range(2)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-    assert [p.exitcode for p in procs] == [0, 0]
-    found = [f for r in range(2) for f in json.loads(Path(f"{out}-rank{r}.json").read_text())]
-    assert found == [], "\n".join(sorted(set(found)))
 
 
 class DeviceMix(TorchDispatchMode):

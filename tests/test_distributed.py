@@ -136,11 +136,21 @@ def _train_worker(rank: int, world: int, rendezvous: str, out: str, resume: bool
     def on_step(step, losses):
         if die_at is not None and rank == 1 and step == die_at:
             os.kill(os.getpid(), signal.SIGKILL)
+    import json
+    import foco.train.loop as loop
+    from test_devices import FactoryRecorder
+    rec, epoch = FactoryRecorder(), loop._epoch
+
+    def recorded(*args, **kwargs):  # every epoch under the recorder of tensors made without their device
+        with rec:
+            return epoch(*args, **kwargs)
+    loop._epoch = recorded
     try:
         train_foco(_table(128), out, CFG, resume=resume, on_step=on_step)
     except Exception as exc:
         Path(f"{out}.rank{rank}.err").write_text(str(exc))
         raise
+    Path(f"{out}.rank{rank}.factories.json").write_text(json.dumps(rec.found))
     _finish(rank, world)
 
 
@@ -157,6 +167,10 @@ def test_a_short_two_rank_run_reaches_the_single_process_weights(tmp_path):
     for name in a:
         if not _noise_only(name):
             assert torch.allclose(a[name], b[name], atol=1e-4, rtol=0), (name, (a[name] - b[name]).abs().max())
+    # issue 22: no collective, batch or loss tensor of either rank was made without its device (tests/test_devices.py)
+    import json
+    found = [f for r in range(2) for f in json.loads(Path(f"{tmp_path / 'two'}.rank{r}.factories.json").read_text())]
+    assert found == [], "\n".join(sorted(set(found)))
 
 
 def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
