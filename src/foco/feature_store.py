@@ -131,10 +131,6 @@ class ShardFile:
         self._release(name)
         return self._torch(a, name)
 
-    def rows_into(self, name: str, idx: np.ndarray, out: np.ndarray, dest: np.ndarray) -> None:
-        """out[dest[i]] = row idx[i] of tensor `name`: one copy, straight into the caller's batch."""
-        self.gather_into(name, idx, out, dest)
-
     def gather_into(self, name: str, idx: np.ndarray, out: np.ndarray, dest) -> None:
         """out[dest] = rows `idx` of tensor `name` (`dest` any numpy index of `out`)."""
         arr = self._array(name)
@@ -211,7 +207,7 @@ class Rows:
         dtype, shape, _ = f0.tensors[name]
         out = np.empty((len(idx), *shape[1:]), dtype=_DTYPES[dtype][0])
         for s, begin, end in _runs(shard):
-            self.file(s).rows_into(name, local[begin:end], out, order[begin:end])
+            self.file(s).gather_into(name, local[begin:end], out, order[begin:end])
         return f0._torch(out, name)
 
     def lengths(self, idx) -> np.ndarray:

@@ -141,7 +141,8 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
         tensors = {name: _cat(ts).to(dtype) if ts[0].is_floating_point() else _cat(ts)
                    for name, ts in parts.items()}
         if "lengths" in tensors:  # ragged tokens: their offsets
-            tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long), tensors.pop("lengths").long().cumsum(0)])
+            tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"),
+                                            tensors.pop("lengths").long().cumsum(0)])
         write_shard(shard_dir, s, tensors, [ids[i] for i in shards[s]])
     bar.close()
     _record_speed(out, kind, encoded, time.time() - t0)
@@ -250,8 +251,8 @@ def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str
             return {"global": f.global_}
         lengths = f.mask.sum(1).cpu()  # (n,) real tokens (right-padded)
         if cfg.tokens_for is not None:
-            lengths = lengths * torch.tensor([i in cfg.tokens_for for i in text_ids], dtype=lengths.dtype)
-        keep = torch.arange(f.mask.shape[1])[None, :] < lengths[:, None]  # (n, L)
+            lengths = lengths * torch.tensor([i in cfg.tokens_for for i in text_ids], dtype=lengths.dtype, device="cpu")
+        keep = torch.arange(f.mask.shape[1], device="cpu")[None, :] < lengths[:, None]  # (n, L), on the CPU
         return {"global": f.global_, "tokens": f.tokens.cpu()[keep], "lengths": lengths}  # tokens (T, D)
     return _extract("texts", encode, backbone, [i for i, _ in items], [t for _, t in items], Path(out), cfg)
 
@@ -313,7 +314,7 @@ class FeatureCache:
         ids, rows = self.rows("images")
         every = range(len(ids))
         g = torch.nn.functional.normalize(rows.rows("global", every).float(), dim=-1)
-        p = rows.rows("patches", every) if patches and rows.has("patches") else torch.empty(len(ids), 0, g.shape[1])
+        p = rows.rows("patches", every) if patches and rows.has("patches") else torch.empty(len(ids), 0, g.shape[1], device="cpu")
         rows.close()
         return ids, ImageFeatures(g, p if dtype is None else p.to(dtype))
 

@@ -251,10 +251,7 @@ def stored_decompositions(items: list[tuple[str, str]], store: str | Path, decom
     with DecompositionStore(store) as s:
         found = s.get_many(s.resolve(decomposer), [c for _, c in items])
     flagged = sum(1 for _, c in items if found[c].flag)
-    if flagged > max_fallback * len(items):
-        raise ValueError(f"{flagged} of {len(items)} {what}captions in {store} ({decomposer}) were written by a "
-                         f"fallback, more than --max-fallback {max_fallback:g}: ask again with `foco decompose ... "
-                         "--retry-flagged`, or raise --max-fallback")
+    refuse_fallbacks(flagged, len(items), store, decomposer, max_fallback, what)
     if flagged:
         logging.getLogger(__name__).warning("%d of %d %scaptions in %s (%s) were written by a fallback", flagged,
                                             len(items), what, store, decomposer)
@@ -269,8 +266,14 @@ def check_fallback_share(store: str | Path, decomposer: str, max_fallback: float
     with DecompositionStore(store) as s:
         sid = s.resolve(decomposer)
         flagged, total = s.flagged(sid), s.count(sid)
+    refuse_fallbacks(flagged, total, store, decomposer, max_fallback)
+
+
+def refuse_fallbacks(flagged: int, total: int, store, decomposer: str, max_fallback: float, what: str = "") -> None:
+    """The rule of every reader of a store: more than `max_fallback` of `total` captions written by a fallback is
+    refused, naming the flags that fix it."""
     if flagged > max_fallback * total:
-        raise ValueError(f"{flagged} of {total} captions in {store} ({decomposer}) were written by a fallback, more "
-                         f"than --max-fallback {max_fallback:g}: ask again with `foco decompose ... --retry-flagged`, "
-                         "or raise --max-fallback")
+        raise ValueError(f"{flagged} of {total} {what}captions in {store} ({decomposer}) were written by a fallback, "
+                         f"more than --max-fallback {max_fallback:g}: ask again with `foco decompose ... "
+                         "--retry-flagged`, or raise --max-fallback")
 

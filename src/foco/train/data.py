@@ -294,8 +294,8 @@ def _pair_indices(image_ids: list[str], text_ids: list[str], decompositions: dic
     missing_dec = [i for i in image_ids if i not in decompositions]
     if missing_dec:
         raise ValueError(f"{len(missing_dec)} cached images have no decomposition, e.g. {missing_dec[:3]}")
-    local_idx = torch.full((len(image_ids), width), -1, dtype=torch.long)
-    context_idx = torch.full((len(image_ids), width), -1, dtype=torch.long)
+    local_idx = torch.full((len(image_ids), width), -1, dtype=torch.long, device="cpu")  # index tables: CPU
+    context_idx = torch.full((len(image_ids), width), -1, dtype=torch.long, device="cpu")
     missing_text = set()
     for n, i in enumerate(image_ids):
         for kk, pair in enumerate(decompositions[i].pairs[:width]):

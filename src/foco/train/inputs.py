@@ -129,10 +129,8 @@ class ShardDecompositions:
 
     def finish(self) -> None:
         import logging
-        if self.flagged > self.max_fallback * self.seen:
-            raise ValueError(f"{self.flagged} of {self.seen} captions in {self.store} ({self.decomposer}) were written "
-                             f"by a fallback, more than --max-fallback {self.max_fallback:g}: ask again with `foco "
-                             "decompose ... --retry-flagged`, or raise --max-fallback")
+        from ..decompose.store import refuse_fallbacks
+        refuse_fallbacks(self.flagged, self.seen, self.store, self.decomposer, self.max_fallback)
         if self.flagged:
             logging.getLogger(__name__).warning("%d of %d captions in %s (%s) were written by a fallback",
                                                 self.flagged, self.seen, self.store, self.decomposer)
