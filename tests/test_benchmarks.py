@@ -158,7 +158,7 @@ def test_fashioniq_single_join_equals_direct_evaluation(tiny_world, models, dire
             joined[summary["query_ids"][f"{cat}-{i}"]] = (cat, f"{e['captions'][0]} and {e['captions'][1]}")
     texts = [joined[q.id][1] for q in bench.queries]
     extract_texts(create_backbone(models["backbone"]), [(t, t) for t in dict.fromkeys(texts)], tmp_path / "t")
-    tids, tf = FeatureCache(tmp_path / "t").texts()
+    tids, tf = FeatureCache(tmp_path / "t").stored_texts()
     bench = replace(bench, queries=[replace(q, texts=(t,)) for q, t in zip(bench.queries, texts)])
     feats = replace(feats, text_ids=tids, texts=tf)
     pos = {g: i for i, g in enumerate(feats.gallery_ids)}

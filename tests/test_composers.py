@@ -119,13 +119,14 @@ def test_pact_trains_beats_chance_and_reloads(edit_table, train_features, tmp_pa
 def _spread_table(D: int, P: int, n: int = 256):
     """An EditTable over n spread random images (a random tiny backbone maps real images to nearly one point):
     triplet t edits image t; its target caption's feature is image (t + 1) % n, its source caption's is image t."""
+    from foco.feature_store import TokenView
     from foco.train.edit_data import EditTable
     g = torch.Generator().manual_seed(0)
     images = F.normalize(torch.randn(n, D, generator=g), dim=-1)
     texts = torch.cat([images, F.normalize(torch.randn(4, D, generator=g), dim=-1)])  # + 4 instruction rows
     words = ["left", "right", "up", "down"]
-    return EditTable(images, torch.randn(n, P, D, generator=g), texts, torch.zeros(n + 4, 1, D),
-                     torch.ones(n + 4, 1, dtype=torch.bool), torch.arange(n), n + torch.arange(n) % 4,
+    return EditTable(images, torch.randn(n, P, D, generator=g), texts,
+                     TokenView.padded(torch.zeros(n + 4, 1, D), torch.ones(n + 4, 1, dtype=torch.bool)), torch.arange(n), n + torch.arange(n) % 4,
                      (torch.arange(n) + 1) % n, torch.full((n, 1), -1), [f"move it {words[t % 4]}" for t in range(n)],
                      torch.arange(n), torch.full((n,), -1))
 

@@ -32,11 +32,15 @@ def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
     assert main(args) == 0  # resumable per shard: nothing left to do
 
     # the same images through the world folder's path give the same features
-    from foco.corpora.extract import read_corpus
+    from foco.corpora.extract import corpus_parts
     from foco.features import FeatureCache
     assert main(["features", "extract", "--backbone", "world:pretrained", "--world", str(tiny_world), "--split",
                  "train", "--out", str(tmp_path / "folder")]) == 0
-    keys, g, p, _, _ = read_corpus(feats)
+    keys, g, p = [], [], []
+    for name in corpus_parts(feats):
+        part_ids, part = FeatureCache(feats / "parts" / name).images(dtype=None)
+        keys, g, p = keys + part_ids, g + [part.global_], p + [part.patches]
+    g, p = torch.cat(g), torch.cat(p)
     world_id = {}
     import tarfile
     for shard in sorted(shards.glob("*.tar")):

@@ -24,6 +24,7 @@ IDX = torch.tensor([0, 2, 3, 4, 5, 6, 7, 8, 1, 9, 10, 11, 12, 13, 14, 40])
 def _table():
     """64 triplets over 32 spread images (two per source); each has a target caption (whose feature is another
     image, so that TSCIR retrieves it as the target) and two negative captions."""
+    from foco.feature_store import TokenView
     from foco.train.edit_data import EditTable
     D, P, n, T = 256, 64, 32, 64
     g = torch.Generator().manual_seed(0)
@@ -33,8 +34,8 @@ def _table():
     source = torch.arange(T) // 2
     negatives = torch.stack([n + torch.arange(T) % 8, n + (torch.arange(T) + 3) % 8], 1)
     words = ["left", "right", "up", "down", "red", "blue"]
-    return EditTable(images, torch.randn(n, P, D, generator=g), texts, torch.zeros(n + 8, 1, D),
-                     torch.ones(n + 8, 1, dtype=torch.bool), source, source, (source + 1) % n, negatives,
+    return EditTable(images, torch.randn(n, P, D, generator=g), texts,
+                     TokenView.padded(torch.zeros(n + 8, 1, D), torch.ones(n + 8, 1, dtype=torch.bool)), source, source, (source + 1) % n, negatives,
                      [f"move it {words[t % 6]} {t}" for t in range(T)], source, torch.full((T,), -1))
 
 

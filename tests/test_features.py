@@ -138,3 +138,57 @@ def test_a_context_stored_without_tokens_is_refused_not_trained_on(tmp_path, tin
              for p in pairs}
     with pytest.raises(ValueError, match=r"contextual captions have no token features.*extract it again"):
         build_pair_table(tmp_path / "c", other)
+
+
+class _ReadsEverything:
+    """A query method of this test's own: it reads the patches and every token, so a wrong row shows."""
+
+    reads_anchor = False
+
+    def encode(self, batch):
+        from foco.model.encoder import ComposedQuery
+        m = batch.modification
+        q = batch.reference.patches.mean(1) + (m.tokens * m.mask[..., None]).sum(1) + batch.reference.global_
+        return ComposedQuery(torch.nn.functional.normalize(q, dim=-1), None, None)
+
+
+def test_evaluation_and_edit_tables_read_features_a_batch_at_a_time(tmp_path, tiny_world, edit_table,
+                                                                    train_features, monkeypatch):
+    """A benchmark part holds the gallery's globals only; composing reads each batch's reference patches and text
+    tokens from the shards (never more rows than the batch) and gives the queries the whole cache gives. The edit
+    table reads its batches' patches and instruction tokens the same way."""
+    from foco.benchmarks.cache import PartFeatures
+    from foco.benchmarks.world import read_world, world_features
+    from foco.eval.compose import compose
+    from foco.feature_store import RowView, Rows, StoredTexts, TokenView
+    extract_world_split(HashBackbone(), tiny_world, "val/single", tmp_path / "c",
+                        ExtractConfig(shard_size=32, batch_size=16, dtype="float16"))
+    bench = read_world(tiny_world, "val", ("single",))[0]
+    lazy = world_features(bench, tmp_path / "c")
+    assert isinstance(lazy.references.patches, RowView) and len(lazy.references.patches) == len(bench.gallery)
+    ids, im = FeatureCache(tmp_path / "c").images()
+    tids, tf = FeatureCache(tmp_path / "c").texts()
+    rows = torch.tensor([tids.index(t) for t in bench.texts()])
+    eager = PartFeatures(ids, im.global_, ids, im, bench.texts(),
+                         StoredTexts(tf.global_[rows], TokenView.padded(tf.tokens[rows], tf.mask[rows])))
+    asked: dict[str, list[int]] = {"patches": [], "tokens": []}
+    real_rows, real_tokens = Rows.rows, Rows.tokens
+    monkeypatch.setattr(Rows, "rows", lambda self, name, idx: (asked.setdefault(name, []).append(len(idx)),
+                                                               real_rows(self, name, idx))[1])
+    monkeypatch.setattr(Rows, "tokens", lambda self, idx: (asked["tokens"].append(len(idx)),
+                                                           real_tokens(self, idx))[1])
+    batch = 7
+    got = compose(_ReadsEverything(), bench, lazy, batch_size=batch).query
+    assert max(asked["patches"]) <= batch and sum(asked["patches"]) == len(bench.queries)
+    assert max(asked["tokens"]) <= batch and sum(asked["tokens"]) == len(bench.queries)
+    monkeypatch.setattr(Rows, "rows", real_rows)
+    monkeypatch.setattr(Rows, "tokens", real_tokens)
+    want = compose(_ReadsEverything(), bench, eager, batch_size=len(bench.queries)).query
+    assert torch.allclose(got, want, atol=1e-6)
+    # the edit table: globals in memory, a batch's patches and instruction tokens read when it is drawn
+    assert isinstance(edit_table.patches, RowView) and not isinstance(edit_table.text_tokens, torch.Tensor)
+    _, whole = FeatureCache(train_features).images(dtype=None)
+    idx = torch.tensor([5, 0, 3, 3])
+    b = edit_table.batch(idx)
+    assert torch.equal(b.reference.patches, whole.patches[edit_table.source[idx]].float())
+    assert b.instruction.mask.shape[1] == int(b.instruction.mask.sum(1).max())  # padded to this batch's longest

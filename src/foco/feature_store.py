@@ -282,3 +282,82 @@ def _runs(shard: np.ndarray):
     ends = np.concatenate([cuts, [len(shard)]])
     for b, e in zip(begins.tolist(), ends.tolist()):
         yield int(shard[b]), b, e
+
+
+class RowView:
+    """One tensor of a `Rows`, indexed like an in-memory tensor by a 1-D index: `view[idx]` reads just those rows
+    (`idx` (n,) long, positions of `index` when one is given) -> (n, ...), cast to `dtype` (None: as stored).
+    Training and evaluation hold a `RowView` where they once held a corpus-sized tensor (patches)."""
+
+    def __init__(self, rows: Rows, name: str, dtype: torch.dtype | None = None, index: torch.Tensor | None = None):
+        self.rows, self.name, self._dtype = rows, name, dtype
+        self.index = None if index is None else torch.as_tensor(index, dtype=torch.long)  # (n,) rows of `rows`
+        f = rows.file(0)
+        dtype_name, shape, _ = f.tensors[name]
+        self.dtype = dtype or _DTYPES[dtype_name][1]
+        self.shape = torch.Size((len(self), *shape[1:]))
+
+    def __len__(self) -> int:
+        return len(self.rows) if self.index is None else int(self.index.shape[0])
+
+    def __getitem__(self, idx) -> torch.Tensor:
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        rows = idx if self.index is None else self.index[idx]
+        out = self.rows.rows(self.name, rows.numpy())
+        return out if self._dtype is None else out.to(self._dtype)
+
+
+class TokenView:
+    """Texts' token features, read a batch at a time: `take(idx)` -> tokens (n, L, D) in `dtype`, mask (n, L), with
+    L the longest of those n texts. Over a cache's ragged or padded shards (`TokenView(rows)`), or over padded
+    tensors in memory (`TokenView.padded(tokens, mask)`): both give the same batch."""
+
+    def __init__(self, rows: Rows | None, dtype: torch.dtype | None = None, index: torch.Tensor | None = None,
+                 padded: tuple[torch.Tensor, torch.Tensor] | None = None):
+        self.rows, self._dtype, self._padded = rows, dtype, padded
+        self.index = None if index is None else torch.as_tensor(index, dtype=torch.long)
+
+    @classmethod
+    def padded(cls, tokens: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype | None = None) -> "TokenView":
+        """tokens (N, L, D), mask (N, L) bool held in memory."""
+        return cls(None, dtype, padded=(tokens, mask))
+
+    def __len__(self) -> int:
+        if self.index is not None:
+            return int(self.index.shape[0])
+        return len(self.rows) if self.rows is not None else int(self._padded[1].shape[0])
+
+    def take(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        rows = idx if self.index is None else self.index[idx]
+        if self.rows is not None:
+            tokens, mask = self.rows.tokens(rows.numpy())
+        else:
+            tokens, mask = self._padded[0][rows], self._padded[1][rows]  # (n, L, D), (n, L)
+            used = int(mask.any(0).nonzero().max()) + 1 if mask.any() else 0
+            tokens, mask = tokens[:, :used], mask[:, :used]
+        return (tokens if self._dtype is None else tokens.to(self._dtype)), mask
+
+
+class StoredTexts:
+    """Texts for evaluation and training: (n, D) float32 normalised globals in memory, tokens read per batch."""
+
+    def __init__(self, global_: torch.Tensor, tokens: TokenView):
+        self.global_, self.tokens = global_, tokens  # (n, D), n texts
+
+    def __len__(self) -> int:
+        return int(self.global_.shape[0])
+
+    def take(self, idx):
+        """Texts `idx` (b,) -> `TextFeatures` (b, D), (b, L, D), (b, L), L the longest of the b texts."""
+        from .backbones.base import TextFeatures
+        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        tokens, mask = self.tokens.take(idx)
+        return TextFeatures(self.global_[idx], tokens, mask)
+
+    def subset(self, rows: torch.Tensor) -> "StoredTexts":
+        """Texts `rows` (m,), in that order, still read per batch."""
+        rows = torch.as_tensor(rows, dtype=torch.long)
+        base = rows if self.tokens.index is None else self.tokens.index[rows]
+        view = TokenView(self.tokens.rows, self.tokens._dtype, base, self.tokens._padded)
+        return StoredTexts(self.global_[rows], view)

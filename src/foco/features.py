@@ -32,7 +32,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import torch
 
@@ -40,6 +40,9 @@ from .backbones.base import Backbone, ImageFeatures, TextFeatures
 from .utils.io import atomic_write_bytes, atomic_write_text, iter_batches, load_image, read_json, sha256_file
 from .utils.precision import autocast, resolve_precision
 from .utils.progress import Bar
+
+if TYPE_CHECKING:
+    from .feature_store import StoredTexts
 
 log = logging.getLogger(__name__)
 _DTYPES = {"float16": torch.float16, "float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -317,6 +320,28 @@ class FeatureCache:
         p = rows.rows("patches", every) if patches and rows.has("patches") else torch.empty(len(ids), 0, g.shape[1], device="cpu")
         rows.close()
         return ids, ImageFeatures(g, p if dtype is None else p.to(dtype))
+
+    def stored_images(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], ImageFeatures]:
+        """Ids and the images' features as training and evaluation read them: globals (n, D) float32, re-normalised,
+        in memory; patches a `RowView` (n, P, D) that reads the rows a batch asks for from the shards, in `dtype`
+        (None: as stored). Nothing corpus-sized but the globals is read."""
+        from .feature_store import RowView
+        ids, rows = self.rows("images")
+        g = torch.nn.functional.normalize(rows.rows("global", range(len(ids))).float(), dim=-1)
+        if not ids or not rows.has("patches"):
+            return ids, ImageFeatures(g, torch.empty(len(ids), 0, g.shape[1] if g.ndim == 2 else 0))
+        return ids, ImageFeatures(g, RowView(rows, "patches", dtype))
+
+    def stored_texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], StoredTexts]:
+        """Ids and the texts' features as training and evaluation read them: globals (n, D) float32, re-normalised,
+        in memory; tokens read a batch at a time (`StoredTexts.take`), in `dtype` (None: as stored)."""
+        from .feature_store import StoredTexts, TokenView
+        ids, rows = self.rows("texts")
+        g = torch.nn.functional.normalize(rows.rows("global", range(len(ids))).float(), dim=-1)
+        if not ids or not rows.has("tokens"):
+            empty = torch.empty(len(ids), 0, g.shape[1] if g.ndim == 2 else 0)
+            return ids, StoredTexts(g, TokenView.padded(empty, torch.empty(len(ids), 0, dtype=torch.bool)))
+        return ids, StoredTexts(g, TokenView(rows, dtype))
 
     def texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], TextFeatures]:
         """Ids and every text's features; globals are float32 and re-normalised, tokens in `dtype` (None: as stored),

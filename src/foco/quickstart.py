@@ -138,7 +138,7 @@ def build_gallery_index(world: Path, features: Path, out: Path, backbone, precis
     from .search.build import IndexConfig, build_index
     from .world.manifest import load_benchmark
     bench = load_benchmark(world, "test", "single")
-    ids, feats = FeatureCache(features).images()
+    ids, feats = FeatureCache(features).images(patches=False)
     by_id = dict(zip(ids, feats.global_.numpy().astype(np.float32)))
     precomputed = {str(Path(p).resolve()): by_id[g] for g, p in zip(bench.gallery_ids, bench.gallery_images)}
     folder = Path(bench.gallery_images[0]).parent

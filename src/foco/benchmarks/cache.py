@@ -18,7 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..backbones.base import Backbone, ImageFeatures, TextFeatures
+from ..backbones.base import Backbone, ImageFeatures
+from ..feature_store import StoredTexts
 from ..features import ExtractConfig, FeatureCache, extract_images, extract_texts
 from .base import CIRBenchmark
 
@@ -30,9 +31,9 @@ class PartFeatures:
     gallery_ids: list[str]
     gallery: torch.Tensor  # (N, D) normalised globals
     reference_ids: list[str]
-    references: ImageFeatures  # (R, D), (R, P, D)
+    references: ImageFeatures  # (R, D) in memory; (R, P, D) patches a RowView, read per batch
     text_ids: list[str]  # the texts themselves
-    texts: TextFeatures  # (T, D), (T, L, D), (T, L)
+    texts: StoredTexts  # (T, D) in memory; tokens read per batch (`texts.take(rows)` -> TextFeatures)
 
 
 def backbone_slug(spec: str) -> str:
@@ -64,7 +65,8 @@ def cache_part(backbone: Backbone, bench: CIRBenchmark, folder: Path, cfg: Extra
 
 
 def load_part(bench: CIRBenchmark, folder: Path) -> PartFeatures:
-    gallery_ids, gallery = FeatureCache(folder / "gallery").images()
-    reference_ids, references = FeatureCache(folder / "references").images()
-    text_ids, texts = FeatureCache(_texts_folder(folder, bench.texts())).texts()
+    """The part's gallery globals in memory; reference patches and text tokens are read a batch at a time."""
+    gallery_ids, gallery = FeatureCache(folder / "gallery").stored_images()
+    reference_ids, references = FeatureCache(folder / "references").stored_images()
+    text_ids, texts = FeatureCache(_texts_folder(folder, bench.texts())).stored_texts()
     return PartFeatures(gallery_ids, gallery.global_, reference_ids, references, text_ids, texts)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import torch
 
-from ..backbones.base import TextFeatures
 from ..features import FeatureCache
 from ..world.manifest import load_benchmark
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, ImageRef, ReaderOption
@@ -39,15 +38,16 @@ def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...]
 
 
 def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
-    """A world part's features from a `foco features extract --split SPLIT/PROTOCOL` cache: the gallery with its
-    patches (every reference is a gallery image) and the query texts."""
+    """A world part's features from a `foco features extract --split SPLIT/PROTOCOL` cache: the gallery's globals
+    in memory, and the references' patches (every reference is a gallery image) and the query texts' tokens read
+    from the cache's shards a batch at a time."""
     fc = FeatureCache(cache)
-    ids, gallery = fc.images()
+    ids, gallery = fc.stored_images()
     if ids != bench.gallery_ids():
         protocol = bench.name.split("/")[-1]
         raise ValueError(f"feature cache {cache} does not hold the gallery of {bench.split}/{protocol}; extract it "
                          f"with `foco features extract --split {bench.split}/{protocol} --out {cache}`")
-    text_ids, texts = fc.texts()
+    text_ids, texts = fc.stored_texts()
     tpos = {t: i for i, t in enumerate(text_ids)}
     wanted = bench.texts()
     missing = [t for t in wanted if t not in tpos]
@@ -55,7 +55,7 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
         raise ValueError(f"{len(missing)} modification texts are missing from {cache}")
     rows = torch.tensor([tpos[t] for t in wanted], dtype=torch.long)  # (T,)
     return PartFeatures(gallery_ids=ids, gallery=gallery.global_, reference_ids=ids, references=gallery,
-                        text_ids=wanted, texts=TextFeatures(texts.global_[rows], texts.tokens[rows], texts.mask[rows]))
+                        text_ids=wanted, texts=texts.subset(rows))
 
 
 READER = BenchmarkReader(read_world, (

@@ -7,8 +7,8 @@ per input shard, resumable per shard.
     OUT/corpus.json            the pattern, the backbone, and the parts in shard order
 
 Images are decoded by DataLoader workers while the backbone encodes. Under torchrun, rank r takes the shards
-r, r + N, r + 2N, ...; `foco train` under torchrun reads the same split (`read_corpus` with a rank), one process
-reads every part.
+r, r + N, r + 2N, ...; `foco train` under torchrun reads the same split (`corpus_parts` with a rank), one process
+reads every part, a batch at a time (`foco.train.data.build_pair_table`).
 """
 from __future__ import annotations
 
@@ -118,34 +118,3 @@ def corpus_parts(folder: str | Path, rank: int = 0, world_size: int = 1) -> list
                          "export the corpus in more shards (--shard-size) or run fewer ranks")
     return [name for n, name in enumerate(parts) if n % world_size == rank]
 
-
-def read_corpus(folder: str | Path, rank: int = 0, world_size: int = 1
-                ) -> tuple[list[str], torch.Tensor, torch.Tensor, list[str], dict[str, torch.Tensor]]:
-    """Every part in shard order (or rank `rank`'s parts of `world_size`, `corpus_parts`): image ids (the sample
-    keys), globals (N, D), patches (N, P, D) as stored, and text ids with {"global", "tokens", "mask"} (texts
-    repeated across parts are kept once)."""
-    folder = Path(folder)
-    ids, g, p, tids, tg, tt, tm, seen = [], [], [], [], [], [], [], set()
-    for name in corpus_parts(folder, rank, world_size):
-        part = folder / "parts" / name
-        if not (part / "done.json").is_file():
-            raise FileNotFoundError(f"{part} is not finished: rerun `foco features extract --in ...` (it resumes)")
-        fc = FeatureCache(part)
-        i, im = fc.images(dtype=None)
-        ids += i
-        g.append(im.global_)
-        p.append(im.patches)
-        if "texts" in fc.manifest:
-            t, tx = fc.texts(dtype=None)
-            keep = [k for k, x in enumerate(t) if x not in seen]
-            seen.update(t)
-            tids += [t[k] for k in keep]
-            tg.append(tx.global_[keep])
-            tt.append(tx.tokens[keep])
-            tm.append(tx.mask[keep])
-    L = max((x.shape[1] for x in tt), default=0)
-    tt = [torch.nn.functional.pad(x, [0, 0, 0, L - x.shape[1]]) for x in tt]
-    tm = [torch.nn.functional.pad(x, [0, L - x.shape[1]]) for x in tm]
-    texts = {"global": torch.cat(tg) if tg else torch.empty(0), "tokens": torch.cat(tt) if tt else torch.empty(0),
-             "mask": torch.cat(tm) if tm else torch.empty(0, dtype=torch.bool)}
-    return ids, torch.cat(g), torch.cat(p), tids, texts

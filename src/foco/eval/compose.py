@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..backbones.base import ImageFeatures, TextFeatures
+from ..backbones.base import ImageFeatures
 from ..benchmarks.base import CIRBenchmark
 from ..benchmarks.cache import PartFeatures
 from ..methods.base import QueryBatch, QueryMethod
@@ -49,8 +49,8 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
         for s in range(0, len(texts), batch_size):
             r, t = ref_rows[s:s + batch_size], text_rows[s:s + batch_size]
             batch = QueryBatch(
-                reference=ImageFeatures(feats.references.global_[r], feats.references.patches[r]),
-                modification=TextFeatures(feats.texts.global_[t], feats.texts.tokens[t], feats.texts.mask[t]),
+                reference=ImageFeatures(feats.references.global_[r], feats.references.patches[r]),  # patches read now
+                modification=feats.texts.take(t),  # read from the cache now
                 texts=texts[s:s + batch_size],
                 anchor=None if anchors is None else anchors[s:s + batch_size],
                 attn_bias=None if attn_bias is None else attn_bias[s:s + batch_size])

@@ -2,7 +2,8 @@
 joined with cached features, served as `EditBatch`es.
 
 The source images' features come from the training split's cache (global + patches); the instructions, target
-captions and negative captions are encoded once into their own text cache (`encode_edit_texts`, resumable).
+captions and negative captions are encoded once into their own text cache (`encode_edit_texts`, resumable). Only
+the globals are held in memory; a batch's patches and instruction tokens are read from the shards when it is drawn.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch.nn.functional as F
 
 from ..backbones.base import Backbone, ImageFeatures, TextFeatures
 from ..edits.schema import ITTRecord
+from ..feature_store import RowView, TokenView
 from ..features import ExtractConfig, FeatureCache, extract_texts
 
 if TYPE_CHECKING:
@@ -38,10 +40,9 @@ class EditTable:
     """T triplets as indices into the image and text features."""
 
     image_global: torch.Tensor  # (N, D) float32
-    patches: torch.Tensor  # (N, P, D) storage dtype
+    patches: "torch.Tensor | RowView"  # (N, P, D) storage dtype; from a cache, read per batch (`RowView`)
     text_global: torch.Tensor  # (Nt, D) float32
-    text_tokens: torch.Tensor  # (Nt, L, D) storage dtype
-    text_mask: torch.Tensor  # (Nt, L) bool
+    text_tokens: TokenView  # (Nt, L, D) storage dtype and (Nt, L) masks, read per batch
     source: torch.Tensor  # (T,) long: image row
     instruction: torch.Tensor  # (T,) long: text row
     target: torch.Tensor  # (T,) long: text row
@@ -56,13 +57,12 @@ class EditTable:
     def batch(self, idx: torch.Tensor) -> EditBatch:
         """Gathers triplets `idx` (B,) into float32 tensors."""
         src, ins = self.source[idx], self.instruction[idx]  # (B,)
-        mask = self.text_mask[ins]  # (B, L)
-        used = int(mask.any(0).nonzero().max()) + 1 if mask.any() else 1
+        tokens, mask = self.text_tokens.take(ins)  # (B, L, D), (B, L): L the longest of these B
         neg = self.negatives[idx]  # (B, Kn)
         tgt = self.target_image[idx]  # (B,)
         target_image = F.normalize(self.image_global[tgt.clamp_min(0)], dim=-1) * (tgt >= 0)[:, None]  # (B, D)
         return EditBatch(ImageFeatures(self.image_global[src], self.patches[src].float()),
-                         TextFeatures(self.text_global[ins], self.text_tokens[ins][:, :used].float(), mask[:, :used]),
+                         TextFeatures(self.text_global[ins], tokens.float(), mask),
                          F.normalize(self.text_global[self.target[idx]], dim=-1),
                          F.normalize(self.text_global[neg.clamp_min(0)], dim=-1), neg >= 0,
                          [self.instructions[i] for i in idx.tolist()], target_image, tgt >= 0)
@@ -97,8 +97,8 @@ def encode_edit_texts(backbone: Backbone, records: list[ITTRecord], out: str | P
 
 def build_edit_table(image_cache: str | Path, text_cache: str | Path, records: list[ITTRecord],
                      max_negatives: int = 3) -> EditTable:
-    image_ids, images = FeatureCache(image_cache).images(dtype=None)
-    text_ids, texts = FeatureCache(text_cache).texts(dtype=None)
+    image_ids, images = FeatureCache(image_cache).stored_images(dtype=None)  # patches stay in the shards
+    text_ids, texts = FeatureCache(text_cache).stored_texts(dtype=None)  # tokens stay in the shards
     img, txt = {i: n for n, i in enumerate(image_ids)}, {t: n for n, t in enumerate(text_ids)}
     missing = sorted({r.source_id for r in records} - img.keys())
     if missing:
@@ -111,7 +111,7 @@ def build_edit_table(image_cache: str | Path, text_cache: str | Path, records: l
     for n, r in enumerate(records):
         for k, t in enumerate(r.negatives[:max_negatives]):
             negatives[n, k] = txt[t]
-    return EditTable(images.global_, images.patches, texts.global_, texts.tokens, texts.mask,
+    return EditTable(images.global_, images.patches, texts.global_, texts.tokens,
                      torch.tensor([img[r.source_id] for r in records]), torch.tensor([txt[r.instruction] for r in records]),
                      torch.tensor([txt[r.target_caption] for r in records]), negatives,
                      [r.instruction for r in records], torch.tensor([txt[r.source_caption] for r in records]),

@@ -168,7 +168,7 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     `cfg.stage3_epochs > 0` a third stage trains on ITT triplets (foco-edits, a departure from the paper); a run
     that finished the two paper stages resumes into it.
 
-    `sharded` (under torchrun): `table` holds this rank's own images (its feature shards, `read_corpus`), and each
+    `sharded` (under torchrun): `table` holds this rank's own images (its feature shards, `corpus_parts`), and each
     step takes B/N of them per rank; the negatives still span the global batch. Without it every rank holds the
     whole table and takes its slice of one global permutation, as one process would.
     """
