@@ -291,7 +291,8 @@ class RowView:
 
     def __init__(self, rows: Rows, name: str, dtype: torch.dtype | None = None, index: torch.Tensor | None = None):
         self.rows, self.name, self._dtype = rows, name, dtype
-        self.index = None if index is None else torch.as_tensor(index, dtype=torch.long)  # (n,) rows of `rows`
+        # (n,) rows of `rows` that positions 0..n-1 stand for (None: every row, in order)
+        self.index = None if index is None else torch.as_tensor(index, dtype=torch.long, device="cpu")
         f = rows.file(0)
         dtype_name, shape, _ = f.tensors[name]
         self.dtype = dtype or _DTYPES[dtype_name][1]
@@ -301,7 +302,7 @@ class RowView:
         return len(self.rows) if self.index is None else int(self.index.shape[0])
 
     def __getitem__(self, idx) -> torch.Tensor:
-        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        idx = torch.as_tensor(idx, dtype=torch.long, device="cpu").reshape(-1)
         rows = idx if self.index is None else self.index[idx]
         out = self.rows.rows(self.name, rows.numpy())
         return out if self._dtype is None else out.to(self._dtype)
@@ -315,7 +316,7 @@ class TokenView:
     def __init__(self, rows: Rows | None, dtype: torch.dtype | None = None, index: torch.Tensor | None = None,
                  padded: tuple[torch.Tensor, torch.Tensor] | None = None):
         self.rows, self._dtype, self._padded = rows, dtype, padded
-        self.index = None if index is None else torch.as_tensor(index, dtype=torch.long)
+        self.index = None if index is None else torch.as_tensor(index, dtype=torch.long, device="cpu")
 
     @classmethod
     def padded(cls, tokens: torch.Tensor, mask: torch.Tensor, dtype: torch.dtype | None = None) -> "TokenView":
@@ -328,7 +329,7 @@ class TokenView:
         return len(self.rows) if self.rows is not None else int(self._padded[1].shape[0])
 
     def take(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
-        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        idx = torch.as_tensor(idx, dtype=torch.long, device="cpu").reshape(-1)
         rows = idx if self.index is None else self.index[idx]
         if self.rows is not None:
             tokens, mask = self.rows.tokens(rows.numpy())
@@ -351,13 +352,13 @@ class StoredTexts:
     def take(self, idx):
         """Texts `idx` (b,) -> `TextFeatures` (b, D), (b, L, D), (b, L), L the longest of the b texts."""
         from .backbones.base import TextFeatures
-        idx = torch.as_tensor(idx, dtype=torch.long).reshape(-1)
+        idx = torch.as_tensor(idx, dtype=torch.long, device="cpu").reshape(-1)
         tokens, mask = self.tokens.take(idx)
         return TextFeatures(self.global_[idx], tokens, mask)
 
     def subset(self, rows: torch.Tensor) -> "StoredTexts":
         """Texts `rows` (m,), in that order, still read per batch."""
-        rows = torch.as_tensor(rows, dtype=torch.long)
+        rows = torch.as_tensor(rows, dtype=torch.long, device="cpu")
         base = rows if self.tokens.index is None else self.tokens.index[rows]
         view = TokenView(self.tokens.rows, self.tokens._dtype, base, self.tokens._padded)
         return StoredTexts(self.global_[rows], view)
