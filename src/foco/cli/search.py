@@ -12,14 +12,15 @@ from .common import add_device_arg, positive_int
 def _index_build(a: argparse.Namespace) -> int:
     from ..search.build import IndexConfig, build_index
     cfg = IndexConfig(images=a.images, backbone=a.backbone, index_type=a.index_type, with_patches=a.with_patches,
-                      precision=a.precision, batch_size=a.batch_size)
+                      precision=a.precision, batch_size=a.batch_size, train_size=a.train_size,
+                      max_index_memory=a.max_index_memory, ondisk=a.ondisk)
     _report(build_index(cfg, a.out, device=_device(a)), a.out)
     return 0
 
 
 def _index_update(a: argparse.Namespace) -> int:
     from ..search.build import update_index
-    _report(update_index(a.index, device=_device(a)), a.index)
+    _report(update_index(a.index, device=_device(a), retrain=a.retrain), a.index)
     return 0
 
 
@@ -32,6 +33,17 @@ def _report(stats, out) -> None:
     print(f"{out}: {stats.indexed} images indexed; {stats.encoded} encoded now ({stats.images_per_s}/s), "
           f"{stats.unchanged} unchanged, {stats.touched} touched (same content), {stats.removed} removed, "
           f"{stats.skipped} skipped (listed in {Path(out) / 'skipped.tsv'}), {stats.seconds:.1f} s")
+    if stats.growth:
+        print(f"note: the vector index has outgrown its training: {stats.growth}", file=sys.stderr)
+
+
+def _size(value: str) -> str:
+    from ..search.vectors import parse_bytes
+    try:
+        parse_bytes(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return value
 
 
 def _parse_reference(value: str):
@@ -104,7 +116,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
     b.add_argument("--out", required=True, help="index folder (created; rerun to resume or to update)")
     b.add_argument("--index-type", default="Flat",
-                   help="FAISS index-factory string: Flat (exact, default), IVF1024,Flat, HNSW32, IVF1024,PQ32, ...")
+                   help="FAISS index-factory string: Flat (exact, default), IVF1024,Flat, HNSW32, IVF1024,PQ64, ...; "
+                        "or auto: chosen within --max-index-memory (docs/search.md)")
+    b.add_argument("--max-index-memory", default="4GB", type=_size,
+                   help="the memory budget of --index-type auto, e.g. 4GB or 512MB")
+    b.add_argument("--train-size", type=positive_int, default=None,
+                   help="vectors to train an IVF or PQ index on (default: 64 per list, at least 9,984 for PQ)")
+    b.add_argument("--ondisk", action="store_true",
+                   help="IVF indexes: inverted lists in a file beside the index, memory-mapped (FAISS merge_ondisk)")
     b.add_argument("--with-patches", action="store_true",
                    help="store patch features for FoCo (else a reference's patches are computed at query time)")
     b.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"], help="encoding precision")
@@ -113,6 +132,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.set_defaults(func=_index_build)
     u = ix.add_parser("update", help="add new files, drop deleted ones, re-encode changed ones")
     u.add_argument("index", help="index folder (foco index build --out)")
+    u.add_argument("--retrain", action="store_true",
+                   help="train the vector index again on the whole collection (default: add to it as trained)")
     add_device_arg(u)
     u.set_defaults(func=_index_update)
 

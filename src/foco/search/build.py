@@ -1,8 +1,13 @@
 """`foco index build | update`: index a folder of images for composed search.
 
-    INDEX/index.json      backbone spec, images folder (resolved), dimension, FAISS factory string, precision
-    INDEX/images.sqlite   one row per indexed file: id, relative path, size, mtime, sha256, pixel size, features
-    INDEX/vectors.faiss   the FAISS index of the global features under the rows' ids
+    INDEX/index.json      backbone spec, images folder (resolved), dimension, precision, and the vector index's
+                          record (factory string, what it was trained on, on-disk lists, the last id it holds)
+    INDEX/images.sqlite   one row per indexed file: id, relative path, size, mtime, sha256, pixel size, slot
+    INDEX/vectors/        the global features, float32 arrays by slot (`arrays.py`); INDEX/patches/ likewise
+                          (float16) with --with-patches
+    INDEX/vectors.faiss   the FAISS index of the global features under the rows' ids (`vectors.py`), and
+                          INDEX/trained.faiss, the same index trained but empty (updates add through it);
+                          INDEX/lists-*.ivfdata with --ondisk
     INDEX/skipped.tsv     files that could not be indexed, and why (rewritten by every build and update)
 
 The folder is walked recursively for .jpg .jpeg .png .webp .bmp (any case). Each image is decoded with EXIF
@@ -12,7 +17,10 @@ are not indexed.
 
 Incremental: a file whose size and mtime match its row is kept as is; one whose size or mtime changed is hashed,
 and re-encoded only when its sha256 changed; files that disappeared are dropped; new files are encoded. Each batch
-is committed as it finishes, so a killed build resumes where it stopped.
+is committed as it finishes, so a killed build resumes where it stopped. The vector index then takes in what
+changed without retraining (`vectors.update_faiss`); it is trained again only on the first build, with
+--retrain, or when --index-type names another index. Memory stays bounded: features go to disk batch by batch,
+and the FAISS index is trained on a sample and filled a chunk at a time from the arrays.
 """
 from __future__ import annotations
 
@@ -32,23 +40,26 @@ from ..utils.io import atomic_write_text, read_json, sha256_file
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
 from .store import ImageRow, ImageStore
-from .vectors import build_vector_index, save_vector_index
+from .vectors import VectorConfig, build_faiss, update_faiss
 
 log = logging.getLogger(__name__)
 EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
 MAX_IMAGE_PIXELS = 64_000_000  # larger images are skipped as possible decompression bombs
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 1: vectors inside SQLite (refused, with the fix)
 
 
 @dataclass
 class IndexConfig:
     images: str  # the folder to index (stored resolved)
     backbone: str  # backbone spec
-    index_type: str = "Flat"  # FAISS index-factory string
+    index_type: str = "Flat"  # FAISS index-factory string, or "auto" (within max_index_memory)
     with_patches: bool = False  # store patch features too (otherwise computed at query time)
     precision: str = "fp32"
     batch_size: int = 64
-    train_sample: int = 100_000
+    train_size: int | None = None  # vectors to train the index on (None: FAISS's guidance, `default_train_size`)
+    max_index_memory: str = "4GB"  # the budget of --index-type auto
+    ondisk: bool = False  # IVF: inverted lists on disk, memory-mapped
+    retrain: bool = False  # train the vector index again instead of adding to it
 
 
 @dataclass
@@ -61,6 +72,7 @@ class IndexStats:
     skipped: int
     seconds: float
     images_per_s: float
+    growth: str | None = None  # the collection has outgrown the trained vector index (`vectors.growth`)
 
 
 def open_image(path: Path) -> Image.Image:
@@ -98,10 +110,15 @@ def _check_config(out: Path, cfg: IndexConfig) -> dict:
     meta_path = out / "index.json"
     want = {"format_version": FORMAT_VERSION, "images": str(Path(cfg.images).resolve()),
             "backbone": cfg.backbone, "index_type": cfg.index_type, "with_patches": cfg.with_patches,
-            "precision": resolve_precision(cfg.precision)}
+            "precision": resolve_precision(cfg.precision), "train_size": cfg.train_size,
+            "max_index_memory": cfg.max_index_memory}
     if meta_path.is_file():
         have = read_json(meta_path)
-        diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items() if k != "index_type" and have.get(k) != v]
+        if have.get("format_version") != FORMAT_VERSION:
+            raise ValueError(f"{out} was written by an older foco (index format {have.get('format_version')}, "
+                             f"vectors inside SQLite); build it again with `foco index build` into a new --out")
+        diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items()
+                if k not in ("index_type", "train_size", "max_index_memory") and have.get(k) != v]
         if diff:
             raise ValueError(f"{out} indexes with " + ", ".join(diff) + "; use `foco index update` with the same "
                              "settings, or choose another --out")
@@ -119,8 +136,9 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
     if not root.is_dir():
         raise FileNotFoundError(f"--images {root} is not a folder")
     meta = _check_config(out, cfg)
+    previous = read_json(out / "index.json").get("vectors") if (out / "index.json").is_file() else None
     out.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(out / "index.json", json.dumps({**meta, "building": True}, indent=2) + "\n")
+    atomic_write_text(out / "index.json", json.dumps({**meta, "building": True, "vectors": previous}, indent=2) + "\n")
     t0 = time.time()
     files = walk_images(root)
     skipped: list[tuple[str, str]] = []
@@ -148,7 +166,6 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
             todo.append((rel, p, st, digest))
         if todo:
             backbone = backbone or create_backbone(cfg.backbone, device=device)
-            dim = backbone.embed_dim
             bar = Bar(len(todo), "indexing images")
             for s in range(0, len(todo), cfg.batch_size):
                 batch, images, rows = todo[s:s + cfg.batch_size], [], []
@@ -161,28 +178,33 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
                     images.append(im)
                     rows.append(ImageRow(0, rel, st.st_size, st.st_mtime_ns, digest or sha256_file(p), *im.size))
                 vecs, patches = _encode(backbone, images, rows, root, cfg, precomputed)
-                store.add([(r, vecs[i], None if patches is None else patches[i]) for i, r in enumerate(rows)])
+                store.add(rows, vecs, patches)
                 encoded += len(rows)
                 bar.update(len(batch))
             bar.close()
-        ids, vectors = store.vectors(_dim(store, backbone))
-        indexed = len(ids)
-    index = build_vector_index(ids, vectors, cfg.index_type, cfg.train_sample)
-    save_vector_index(index, out / "vectors.faiss")
+        vec = _vector_index(store, out, cfg, previous)
+        indexed = store.count()
+        dim = store.dim()
     atomic_write_text(out / "skipped.tsv", "path\treason\n" + "".join(f"{r}\t{why}\n" for r, why in skipped))
     seconds = time.time() - t0
     stats = IndexStats(indexed, encoded, unchanged, touched, len(gone), len(skipped), round(seconds, 2),
-                       round(encoded / seconds, 1) if encoded and seconds else 0.0)
-    atomic_write_text(out / "index.json", json.dumps({**meta, "dim": int(vectors.shape[1]), "count": indexed,
+                       round(encoded / seconds, 1) if encoded and seconds else 0.0, vec.get("growth"))
+    atomic_write_text(out / "index.json", json.dumps({**meta, "dim": dim, "count": indexed, "vectors": vec,
                                                       "last_run": asdict(stats)}, indent=2) + "\n")
     return stats
 
 
-def _dim(store: ImageStore, backbone) -> int:
-    if backbone is not None:
-        return backbone.embed_dim
-    r = store.db.execute("SELECT length(vector) FROM images LIMIT 1").fetchone()
-    return (r[0] // 4) if r else 1
+def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | None) -> dict:
+    """Trains and fills the vector index, or brings it up to date without retraining."""
+    vcfg = VectorConfig(cfg.index_type, cfg.max_index_memory, cfg.train_size, cfg.ondisk)
+    fresh = (have is None or cfg.retrain or not (out / "vectors.faiss").is_file()
+             or not (out / "trained.faiss").is_file()
+             or (cfg.index_type not in ("auto", have["factory"])) or bool(cfg.ondisk) != bool(have.get("ondisk")))
+    if store.dim() is None:
+        return {"factory": None, "count": 0, "max_id": 0}
+    if fresh or have.get("factory") is None:
+        return build_faiss(store, out, vcfg)
+    return update_faiss(store, out, have)
 
 
 def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Path, cfg: IndexConfig,
@@ -200,12 +222,19 @@ def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Pat
     return vecs, (f.patches.float().numpy() if cfg.with_patches else None)
 
 
-def update_index(out: str | Path, backbone=None, device: str = "cpu") -> IndexStats:
-    """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json."""
+def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: bool = False) -> IndexStats:
+    """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json; the vector index
+    takes in what changed, and is trained again only with `retrain`."""
     out = Path(out)
     if not (out / "index.json").is_file():
         raise FileNotFoundError(f"{out} is not an index (no index.json); make one with `foco index build`")
     meta = read_json(out / "index.json")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{out} was written by an older foco (index format {meta.get('format_version')}, vectors "
+                         "inside SQLite); build it again with `foco index build` into a new --out")
+    vec = meta.get("vectors") or {}
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
-                      with_patches=meta["with_patches"], precision=meta["precision"])
+                      with_patches=meta["with_patches"], precision=meta["precision"],
+                      train_size=meta.get("train_size"), max_index_memory=meta.get("max_index_memory", "4GB"),
+                      ondisk=bool(vec.get("ondisk")), retrain=retrain)
     return build_index(cfg, out, backbone, device=device)

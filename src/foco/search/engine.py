@@ -10,7 +10,6 @@ gallery, and Chord (lambda > 0) rescores a shortlist. A box on the reference is 
 """
 from __future__ import annotations
 
-import sqlite3
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,12 +25,13 @@ from ..model.box import box_attention_bias, patch_grid
 from ..utils.io import read_json
 from ..utils.precision import autocast
 from .build import open_image
-from .store import ImageRow
+from .store import ImageRow, ImageStore
 from .vectors import load_vector_index, search_vectors, set_search_params
 
 DEFAULT_BOX_BETA = -8.0  # chosen on the ambiguous world benchmark's val split (docs/benchmarks.md)
 CHORD_SHORTLIST = 200
 SEARCH_NPROBE, SEARCH_EF = 32, 128  # IVF lists probed, HNSW's efSearch (experiments/bench_faiss.py: recall vs time)
+REFINE = 4  # a PQ index's shortlist is this many times k, re-ranked by the exact stored vectors
 
 
 class QueryError(ValueError):
@@ -83,8 +83,9 @@ class SearchEngine:
         self.root = Path(meta["images"])
         self.options, self.limits, self.box_beta = options, limits, box_beta
         self.dim = int(meta["dim"])
-        self._db = sqlite3.connect(f"file:{folder / 'images.sqlite'}?mode=ro", uri=True, check_same_thread=False)
-        self._lock = threading.RLock()
+        self.store = ImageStore(folder / "images.sqlite", readonly=True)  # a connection per thread, no lock
+        self.refine = REFINE if (meta.get("vectors") or {}).get("refine") else 0
+        self._lock = threading.RLock()  # the model's forward, one at a time
         self._methods: dict[str, object] = {}
 
     @classmethod
@@ -102,7 +103,9 @@ class SearchEngine:
         opts = MethodOptions(checkpoint=Path(checkpoint) if checkpoint else None,
                              pic2word=Path(pic2word) if pic2word else None,
                              foco_edits=Path(foco_edits) if foco_edits else None, backbone=backbone)
-        index = load_vector_index(folder / "vectors.faiss")
+        vec = meta.get("vectors") or {}
+        index = load_vector_index(folder / "vectors.faiss", ivf=vec.get("nlist") is not None,
+                                  ondisk=bool(vec.get("ondisk")))
         set_search_params(index, nprobe=SEARCH_NPROBE, ef_search=SEARCH_EF)  # approximate indexes only
         return cls(folder, meta, index, backbone, opts, limits, box_beta)
 
@@ -111,18 +114,13 @@ class SearchEngine:
         return int(self.index.ntotal)
 
     def row(self, image_id: int) -> ImageRow:
-        with self._lock:
-            r = self._db.execute("SELECT id, path, size, mtime_ns, sha256, width, height FROM images WHERE id = ?",
-                                 (int(image_id),)).fetchone()
+        r = self.store.row(int(image_id))
         if r is None:
             raise NotFound(f"no image with id {image_id} in this index")
-        return ImageRow(*r)
+        return r
 
     def page(self, offset: int, limit: int) -> list[ImageRow]:
-        with self._lock:
-            rows = self._db.execute("SELECT id, path, size, mtime_ns, sha256, width, height FROM images ORDER BY id "
-                                    "LIMIT ? OFFSET ?", (limit, offset)).fetchall()
-        return [ImageRow(*r) for r in rows]
+        return self.store.page(offset, limit)
 
     def file(self, image_id: int) -> Path:
         """The indexed file of `image_id`, only ever inside the indexed folder."""
@@ -169,14 +167,12 @@ class SearchEngine:
             f = self._encode_image(ref)
             return f, ref.size
         row = self.row(int(ref))
-        with self._lock:
-            vec = self._db.execute("SELECT vector, patches FROM images WHERE id = ?", (row.id,)).fetchone()
-        g = torch.from_numpy(np.frombuffer(vec[0], dtype=np.float32).copy()).view(1, self.dim)
+        g = torch.from_numpy(self.store.vector_rows([row.id])).view(1, self.dim)
         if not need_patches:
             return ImageFeatures(g, torch.empty(1, 0, self.dim)), (row.width, row.height)
-        if vec[1] is not None:
-            p = torch.from_numpy(np.frombuffer(vec[1], dtype=np.float16).astype(np.float32)).view(1, -1, self.dim)
-            return ImageFeatures(g, p), (row.width, row.height)
+        stored = self.store.patch_rows(row.id)
+        if stored is not None:
+            return ImageFeatures(g, torch.from_numpy(stored)[None]), (row.width, row.height)
         f = self._encode_image(open_image(self.file(row.id)))
         return ImageFeatures(g, f.patches), (row.width, row.height)
 
@@ -233,22 +229,22 @@ class SearchEngine:
               exclude: int | None) -> list[Hit]:
         depth = k + (exclude is not None)
         depth = max(depth, CHORD_SHORTLIST) if chord > 0 else depth
+        depth = max(depth * self.refine, depth) if self.refine else depth  # a PQ shortlist, re-ranked exactly
         scores, ids = search_vectors(self.index, query.numpy(), depth)
         scores, ids = scores[0], ids[0]
         keep = (ids >= 0) & (ids != (exclude if exclude is not None else -2))
         scores, ids = scores[keep], ids[keep]
-        if chord > 0 and reference is not None and len(ids):
-            from ..eval.chord import chord_scores_candidates
-            vecs = {}
-            for i in ids.tolist():  # the stored vectors: every FAISS index type, exact values
-                r = self._db.execute("SELECT vector FROM images WHERE id = ?", (int(i),)).fetchone()
-                vecs[i] = np.frombuffer(r[0], dtype=np.float32)
-            cands = torch.from_numpy(np.stack([vecs[i] for i in ids.tolist()]))[None]  # (1, n, D)
-            s = chord_scores_candidates(query, cands, reference, chord)[0].numpy()
+        if (self.refine or chord > 0) and len(ids):
+            vecs = torch.from_numpy(self.store.vector_rows(ids))  # (n, D) the stored vectors, exact values
+            if chord > 0 and reference is not None:
+                from ..eval.chord import chord_scores_candidates
+                s = chord_scores_candidates(query, vecs[None], reference, chord)[0].numpy()
+            else:
+                s = (vecs @ query[0].float()).numpy()
             order = np.argsort(-s, kind="stable")
             scores, ids = s[order], ids[order]
         out = []
         for s, i in zip(scores[:k].tolist(), ids[:k].tolist()):
-            r = self._db.execute("SELECT path FROM images WHERE id = ?", (int(i),)).fetchone()
-            out.append(Hit(int(i), r[0] if r else "?", float(s)))
+            r = self.store.row(int(i))
+            out.append(Hit(int(i), r.path if r else "?", float(s)))
         return out

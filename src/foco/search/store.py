@@ -1,18 +1,22 @@
 """The metadata of an image index: one SQLite row per indexed file (id, relative path, size, mtime, sha256, pixel
-size) with its global feature (and, with --with-patches, its patch features) as float32 / float16 blobs.
+size, and the slot of its features in the on-disk arrays of `arrays.py`).
 
 Ids are never reused (AUTOINCREMENT), so an id a client holds names the same file, or nothing, after any update.
-Every batch of new rows is one transaction, so a killed build keeps what it finished and a rerun continues.
+Every batch of new rows is one transaction, written after its features are on disk, so a killed build keeps what
+it finished and a rerun continues. The features themselves never enter SQLite: 100M ViT-L/14 vectors are 307 GB.
 """
 from __future__ import annotations
 
 import sqlite3
+import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
 from ..decompose.store import open_store, writing
+from .arrays import FeatureArrays
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS images (
@@ -23,10 +27,12 @@ CREATE TABLE IF NOT EXISTS images (
     sha256 TEXT NOT NULL,
     width INTEGER NOT NULL,
     height INTEGER NOT NULL,
-    vector BLOB NOT NULL,
-    patches BLOB
+    slot INTEGER NOT NULL UNIQUE
 );
+CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY);  -- ids to take out of the FAISS index at its next write
 """
+_ROW = "id, path, size, mtime_ns, sha256, width, height"
 
 
 @dataclass
@@ -41,13 +47,44 @@ class ImageRow:
 
 
 class ImageStore:
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        self.db = open_store(self.path, _SCHEMA, "image index store")
-        self.db.row_factory = None
+    """INDEX/images.sqlite and the feature arrays beside it. `readonly`: the server's view, one SQLite connection
+    per thread (no lock: a thumbnail never waits behind another request's query)."""
+
+    def __init__(self, path: str | Path, readonly: bool = False):
+        self.path, self.readonly = Path(path), readonly
+        self._local = threading.local()
+        if readonly:
+            if not self.path.is_file():
+                raise FileNotFoundError(f"{self.path} is missing: rerun `foco index update` on this index")
+            self._check_schema(self.db)
+        else:
+            self._writer = open_store(self.path, _SCHEMA, "image index store")
+            self._check_schema(self._writer)
+        self.vectors, self.patches = self._arrays()
+        if not readonly and self.vectors is not None:  # rows past the committed end: a killed build's last batch
+            n = self.next_slot()
+            self.vectors.truncate(n)
+            if self.patches is not None:
+                self.patches.truncate(n)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        if not self.readonly:
+            return self._writer
+        conn = getattr(self._local, "db", None)
+        if conn is None:
+            conn = self._local.db = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        return conn
+
+    def _check_schema(self, db: sqlite3.Connection) -> None:
+        cols = {r[1] for r in db.execute("PRAGMA table_info(images)")}
+        if "vector" in cols or "slot" not in cols:
+            raise ValueError(f"{self.path} was written by an older foco (vectors inside SQLite); build the index "
+                             "again with `foco index build` into a new --out")
 
     def close(self) -> None:
-        self.db.close()
+        if not self.readonly:
+            self._writer.close()
 
     def __enter__(self) -> "ImageStore":
         return self
@@ -55,64 +92,143 @@ class ImageStore:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # --- state ------------------------------------------------------------------------------------------------
+    def _state(self, key: str) -> int | None:
+        r = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        return None if r is None else int(r[0])
+
+    def next_slot(self) -> int:
+        return self._state("next_slot") or 0
+
+    def dim(self) -> int | None:
+        return self._state("dim")
+
+    def _arrays(self) -> tuple[FeatureArrays | None, FeatureArrays | None]:
+        dim, p = self._state("dim"), self._state("num_patches")
+        if dim is None:
+            return None, None
+        folder = self.path.parent
+        vectors = FeatureArrays(folder / "vectors", (dim,), "float32")
+        return vectors, (FeatureArrays(folder / "patches", (p, dim), "float16") if p else None)
+
+    def set_shapes(self, dim: int, num_patches: int | None) -> None:
+        """The features' shapes, fixed by the first batch (num_patches None: no patch array)."""
+        with writing(self.db, self.path):
+            self.db.execute("INSERT OR IGNORE INTO state VALUES ('dim', ?)", (int(dim),))
+            if num_patches:
+                self.db.execute("INSERT OR IGNORE INTO state VALUES ('num_patches', ?)", (int(num_patches),))
+        self.vectors, self.patches = self._arrays()
+        if self.dim() != dim:
+            raise ValueError(f"{self.path} holds {self.dim()}-d features; this backbone gives {dim}")
+
+    # --- rows -------------------------------------------------------------------------------------------------
     def rows(self) -> dict[str, ImageRow]:
-        """Every row by relative path."""
-        cur = self.db.execute("SELECT id, path, size, mtime_ns, sha256, width, height FROM images")
+        """Every row by relative path (the walk's comparison; a folder's worth of small records)."""
+        cur = self.db.execute(f"SELECT {_ROW} FROM images")
         return {r[1]: ImageRow(*r) for r in cur}
 
     def row(self, image_id: int) -> ImageRow | None:
-        r = self.db.execute("SELECT id, path, size, mtime_ns, sha256, width, height FROM images WHERE id = ?",
-                            (image_id,)).fetchone()
+        r = self.db.execute(f"SELECT {_ROW} FROM images WHERE id = ?", (int(image_id),)).fetchone()
         return ImageRow(*r) if r else None
 
     def page(self, offset: int, limit: int) -> list[ImageRow]:
-        cur = self.db.execute("SELECT id, path, size, mtime_ns, sha256, width, height FROM images ORDER BY id "
-                              "LIMIT ? OFFSET ?", (limit, offset))
+        cur = self.db.execute(f"SELECT {_ROW} FROM images ORDER BY id LIMIT ? OFFSET ?", (limit, offset))
         return [ImageRow(*r) for r in cur]
 
     def count(self) -> int:
         return self.db.execute("SELECT COUNT(*) FROM images").fetchone()[0]
 
-    def add(self, items: list[tuple[ImageRow, np.ndarray, np.ndarray | None]]) -> None:
-        """Inserts (row without id, (D,) float32 vector, (P, D) patches or None) in one transaction; a path already
-        present is replaced (a changed file gets a new id: the old id named other content)."""
+    def add(self, rows: list[ImageRow], vectors: np.ndarray, patches: np.ndarray | None = None) -> list[int]:
+        """Appends the features of `rows` (vectors (n, D) float32, patches (n, P, D) or None), then records the
+        rows in one transaction; a path already present is replaced (a changed file gets a new id: the old id named
+        other content). Returns the new ids, in order."""
+        if not rows:
+            return []
+        if self.vectors is None:
+            self.set_shapes(vectors.shape[1], None if patches is None else patches.shape[1])
+        if (patches is None) != (self.patches is None):
+            raise ValueError(f"{self.path}: this index {'stores' if self.patches is not None else 'does not store'} "
+                             "patch features; update it with its own settings")
+        first = self.next_slot()
+        self.vectors.write(first, vectors)
+        if patches is not None:
+            self.patches.write(first, patches)
+        ids = []
         with writing(self.db, self.path):
-            for row, vec, patches in items:
-                self.db.execute("DELETE FROM images WHERE path = ?", (row.path,))
-                self.db.execute("INSERT INTO images (path, size, mtime_ns, sha256, width, height, vector, patches) "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                                (row.path, row.size, row.mtime_ns, row.sha256, row.width, row.height,
-                                 np.asarray(vec, dtype=np.float32).tobytes(),
-                                 None if patches is None else np.asarray(patches, dtype=np.float16).tobytes()))
+            for k, row in enumerate(rows):
+                old = self.db.execute("DELETE FROM images WHERE path = ? RETURNING id", (row.path,)).fetchone()
+                if old is not None:
+                    self.db.execute("INSERT OR IGNORE INTO removed VALUES (?)", (old[0],))
+                cur = self.db.execute("INSERT INTO images (path, size, mtime_ns, sha256, width, height, slot) "
+                                      "VALUES (?, ?, ?, ?, ?, ?, ?)", (row.path, row.size, row.mtime_ns, row.sha256,
+                                                                       row.width, row.height, first + k))
+                ids.append(int(cur.lastrowid))
+            self.db.execute("INSERT OR REPLACE INTO state VALUES ('next_slot', ?)", (first + len(rows),))
+        return ids
 
     def touch(self, path: str, size: int, mtime_ns: int) -> None:
         """Records a new mtime for a file whose content (sha256) did not change."""
         with writing(self.db, self.path):
             self.db.execute("UPDATE images SET size = ?, mtime_ns = ? WHERE path = ?", (size, mtime_ns, path))
 
-    def remove(self, paths: list[str]) -> None:
+    def remove(self, paths: list[str]) -> list[int]:
+        """Drops the rows of `paths`; returns their ids."""
+        ids = []
         with writing(self.db, self.path):
-            self.db.executemany("DELETE FROM images WHERE path = ?", [(p,) for p in paths])
+            for p in paths:
+                r = self.db.execute("DELETE FROM images WHERE path = ? RETURNING id", (p,)).fetchone()
+                if r is not None:
+                    ids.append(int(r[0]))
+                    self.db.execute("INSERT OR IGNORE INTO removed VALUES (?)", (r[0],))
+        return ids
 
-    def vectors(self, dim: int) -> tuple[np.ndarray, np.ndarray]:
-        """(N,) int64 ids and (N, D) float32 vectors, in id order."""
-        rows = self.db.execute("SELECT id, vector FROM images ORDER BY id").fetchall()
-        ids = np.array([r[0] for r in rows], dtype=np.int64)
-        vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), dim) if rows \
-            else np.zeros((0, dim), dtype=np.float32)
-        return ids, vecs
+    def removed(self) -> list[int]:
+        """Ids removed (or replaced) since the FAISS index was last written."""
+        return [int(r[0]) for r in self.db.execute("SELECT id FROM removed ORDER BY id")]
 
-    def vector(self, image_id: int, dim: int) -> np.ndarray | None:
-        r = self.db.execute("SELECT vector FROM images WHERE id = ?", (image_id,)).fetchone()
-        return None if r is None else np.frombuffer(r[0], dtype=np.float32).reshape(dim)
+    def clear_removed(self) -> None:
+        with writing(self.db, self.path):
+            self.db.execute("DELETE FROM removed")
 
-    def patches(self, image_id: int, dim: int) -> np.ndarray | None:
-        r = self.db.execute("SELECT patches FROM images WHERE id = ?", (image_id,)).fetchone()
-        if r is None or r[0] is None:
+    # --- features ---------------------------------------------------------------------------------------------
+    def live(self, chunk: int = 65536, since_id: int = 0) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """(ids, slots), each (n,) int64, of every row with id > since_id in id order, `chunk` rows at a time."""
+        cur = self.db.execute("SELECT id, slot FROM images WHERE id > ? ORDER BY id", (since_id,))
+        while True:
+            part = cur.fetchmany(chunk)
+            if not part:
+                return
+            a = np.asarray(part, dtype=np.int64)
+            yield a[:, 0], a[:, 1]
+
+    def slots(self, ids) -> np.ndarray:
+        """Slots of `ids` (n,), -1 where an id is not in the index."""
+        ids = [int(i) for i in ids]
+        found: dict[int, int] = {}
+        for s in range(0, len(ids), 900):  # SQLite's bound-parameter limit
+            part = ids[s:s + 900]
+            q = f"SELECT id, slot FROM images WHERE id IN ({','.join('?' * len(part))})"
+            found.update(self.db.execute(q, part).fetchall())
+        return np.array([found.get(i, -1) for i in ids], dtype=np.int64)
+
+    def vector_rows(self, ids) -> np.ndarray:
+        """(n, D) float32 global features of `ids` (all indexed)."""
+        slots = self.slots(ids)
+        if (slots < 0).any():
+            raise KeyError(f"id {int(np.asarray(ids)[slots < 0][0])} is not in the index")
+        return self.vectors.read(slots)
+
+    def vector(self, image_id: int) -> np.ndarray | None:
+        slot = self.slots([image_id])[0]
+        return None if slot < 0 else self.vectors.read([slot])[0]
+
+    def patch_rows(self, image_id: int) -> np.ndarray | None:
+        """(P, D) float32 patches of `image_id`, or None when the index stores none."""
+        slot = self.slots([image_id])[0]
+        if slot < 0 or self.patches is None:
             return None
-        return np.frombuffer(r[0], dtype=np.float16).reshape(-1, dim).astype(np.float32)
+        return self.patches.read([slot])[0].astype(np.float32)
 
-
-def connect_readonly(path: Path) -> sqlite3.Connection:
-    """A read-only connection (the server never writes the index)."""
-    return sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False)
+    def feature_bytes(self) -> dict[str, int]:
+        return {"vectors": self.vectors.nbytes() if self.vectors else 0,
+                "patches": self.patches.nbytes() if self.patches else 0}

@@ -1,18 +1,54 @@
 """The vector index of `foco index`: FAISS (faiss-cpu, `pip install foco[search]`) over L2-normalised global
-features, inner product = cosine.
+features, inner product = cosine, built from the on-disk feature arrays (`arrays.py`) in bounded memory.
 
 `factory` is any FAISS index-factory string: "Flat" (exact, the default), "IVF1024,Flat", "HNSW32",
-"IVF1024,PQ32", ... Indexes that need training are trained on a sample of at most `train_sample` vectors. Ids are
-the image store's ids (an IndexIDMap2 around the factory index), so a result names its row whatever the order.
-`ExactIndex` (`foco.index`) is the slow, obvious twin that tests check the flat index against.
+"IVF1024,PQ64", ..., or "auto" (`choose_index`: the rules below, within a memory budget). Ids are the image
+store's ids: IVF indexes store them in their inverted lists; Flat and HNSW sit inside an IndexIDMap2.
+
+Building (`build_faiss`):
+- An index that needs training is trained on `train_size` vectors drawn at random from the arrays
+  (`default_train_size`: FAISS's k-means wants 39 to 256 vectors per centroid; PQ's 256-centroid codebooks want
+  at least 9,984), then the vectors are added in chunks read from the arrays: nothing corpus-sized is in memory
+  but the index itself.
+- `ondisk` (IVF only): each chunk is added to an empty copy of the trained index and written out as a block; the
+  blocks are merged into one inverted-list file (`lists-N.ivfdata`, FAISS's `merge_ondisk`), which the index file
+  refers to. The RAM of the build and of the server is then the coarse quantizer and a chunk.
+- Every index is written to a temporary name and renamed into place, so a reader sees the old or the new one.
+
+Updating (`update_faiss`): ids removed since the last write (the store's `removed` table) are taken out and rows
+added since (ids above the index's last one) are put in, with the trained quantizer as it is; retraining happens
+only on request. HNSW cannot remove vectors (FAISS), so its graph is rebuilt from the arrays (it has nothing to
+train); on-disk lists are rewritten from the arrays with the trained quantizer (an add pass, no k-means).
+
+Loading (`load_vector_index`): memory-mapped and read-only (IO_FLAG_MMAP | IO_FLAG_READ_ONLY), so several server
+processes share one copy in the page cache. `ExactIndex` (`foco.index`) is the slow, obvious twin that tests check
+the flat index against.
+
+Index choice within a budget (`choose_index`, from FAISS's "Guidelines to choose an index" and the rules autofaiss
+applies; autofaiss itself pins numpy < 2 and does not install beside foco's dependencies):
+1. nlist = the power of two nearest 4 sqrt(N) (the guideline's 4-16 sqrt(N)), at most N / 39;
+2. fewer than 10,000 vectors, or an exact index that fits the budget with N <= 1M: Flat;
+3. else IVF{nlist},Flat when N x (4 D + 8) bytes fit;
+4. else IVF{nlist},PQ{m} with the largest m in 64, 48, 32, 24, 16, 8 that divides D and whose N x (m + 8) bytes
+   fit; a PQ index is searched with an exact re-rank of a shortlist from the arrays (`refine`).
 """
 from __future__ import annotations
 
+import math
+import os
+import re
+import shutil
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from ..utils.io import atomic_write_bytes
+from ..utils.progress import Bar
+
+ADD_CHUNK = 1 << 18  # vectors read from the arrays per add: 0.8 GB at 768-d float32
+MAX_TRAIN_BYTES = 2 << 30  # a default training sample never holds more than this
+PQ_MS = (64, 48, 32, 24, 16, 8)
 
 
 def _faiss():
@@ -23,66 +59,301 @@ def _faiss():
     return faiss
 
 
-def build_vector_index(ids: np.ndarray, vectors: np.ndarray, factory: str = "Flat", train_sample: int = 100_000,
-                       seed: int = 0):
-    """A FAISS index of `vectors` (N, D) float32 (normalised) under `ids` (N,) int64."""
+def parse_bytes(value: str) -> int:
+    """"4GB", "512MB", "1.5G", "1000000" -> bytes (powers of 1024)."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", str(value), re.IGNORECASE)
+    if not m:
+        raise ValueError(f"--max-index-memory {value!r}: give a size such as 4GB or 512MB")
+    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+
+
+def nlist_for(n: int) -> int:
+    """Inverted lists for n vectors: the power of two nearest 4 sqrt(n), at most n / 39 (FAISS's minimum of 39
+    training vectors per centroid), at least 1."""
+    if n < 39:
+        return 1
+    target = 4 * math.sqrt(n)
+    return max(1, min(2 ** round(math.log2(target)), n // 39))
+
+
+def choose_index(n: int, dim: int, max_bytes: int) -> tuple[str, str]:
+    """The factory string `auto` picks for n vectors of `dim` within `max_bytes`, and why (module docstring)."""
+    nlist = nlist_for(n)
+    flat = n * (4 * dim + 8)
+    if n < 10_000 or (flat <= max_bytes and n <= 1_000_000):
+        return "Flat", f"{n} vectors: exact search ({flat / 1e9:.2f} GB)"
+    if flat <= max_bytes:
+        return f"IVF{nlist},Flat", f"IVF-Flat fits: {flat / 1e9:.2f} GB <= {max_bytes / 1e9:.2f} GB"
+    for m in PQ_MS:
+        if dim % m == 0 and n * (m + 8) <= max_bytes:
+            return f"IVF{nlist},PQ{m}", (f"IVF-Flat needs {flat / 1e9:.2f} GB > {max_bytes / 1e9:.2f} GB; PQ{m} "
+                                         f"codes take {n * (m + 8) / 1e9:.2f} GB")
+    raise ValueError(f"no index of {n} {dim}-d vectors fits --max-index-memory {max_bytes / 1e9:.2f} GB (PQ8 needs "
+                     f"{n * 16 / 1e9:.2f} GB); raise it")
+
+
+def _is_pq(factory: str) -> bool:
+    return bool(re.search(r"(^|,)(PQ|OPQ|SQ)", factory))
+
+
+def default_train_size(factory: str, n: int, dim: int) -> int:
+    """Vectors to train `factory` on: 64 per IVF centroid (FAISS asks for 39-256), at least 9,984 for PQ's
+    256-centroid codebooks, at most n, and at most MAX_TRAIN_BYTES of float32."""
+    m = re.search(r"IVF(\d+)", factory)
+    want = 64 * int(m.group(1)) if m else 0
+    if _is_pq(factory):
+        want = max(want, 39 * 256)
+    cap = MAX_TRAIN_BYTES // (4 * dim)
+    return int(min(n, max(want, 1), cap))
+
+
+@dataclass
+class VectorConfig:
+    factory: str = "Flat"  # a factory string, or "auto"
+    max_index_memory: str = "4GB"  # the budget of "auto"
+    train_size: int | None = None  # None: default_train_size
+    ondisk: bool = False  # IVF: inverted lists in a file beside the index, memory-mapped
+    seed: int = 0
+
+
+def _new_index(factory: str, dim: int):
     faiss = _faiss()
-    n, dim = vectors.shape
     try:
-        base = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        return faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
         raise ValueError(f"--index-type {factory!r} is not a FAISS index-factory string FAISS accepts "
-                         f"({str(exc).strip().splitlines()[-1]}); e.g. Flat, IVF1024,Flat, HNSW32, IVF1024,PQ32") from None
-    if not base.is_trained:
-        if n == 0:
-            raise ValueError(f"--index-type {factory!r} must be trained, and the index holds no vectors yet")
-        rng = np.random.default_rng(seed)
-        sample = vectors[rng.choice(n, min(n, train_sample), replace=False)] if n > train_sample else vectors
-        try:
-            base.train(np.ascontiguousarray(sample))
-        except RuntimeError as exc:
-            raise ValueError(f"--index-type {factory!r} cannot be trained on {len(sample)} vectors "
-                             f"({str(exc).strip().splitlines()[-1]}); use fewer lists (e.g. IVF{max(1, n // 39)},Flat) "
-                             "or Flat for a small collection") from None
-    index = faiss.IndexIDMap2(base)
-    if n:
-        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int64))
-    return index
+                         f"({str(exc).strip().splitlines()[-1]}); e.g. Flat, IVF1024,Flat, HNSW32, IVF1024,PQ64, "
+                         "auto") from None
+
+
+def _ivf(index):
+    faiss = _faiss()
+    try:
+        return faiss.extract_index_ivf(index)
+    except RuntimeError:
+        return None
+
+
+def _sample(store, n: int, size: int, seed: int) -> np.ndarray:
+    """`size` vectors drawn at random (without replacement) from the store's n rows, read from the arrays."""
+    rng = np.random.default_rng(seed)
+    take = np.sort(rng.choice(n, size, replace=False)) if size < n else np.arange(n)
+    slots, seen = [], 0
+    for _, s in store.live():
+        lo = np.searchsorted(take, seen)
+        hi = np.searchsorted(take, seen + len(s))
+        slots.append(s[take[lo:hi] - seen])
+        seen += len(s)
+    return store.vectors.read(np.concatenate(slots) if slots else np.zeros(0, np.int64))
+
+
+def _train(base, factory: str, store, n: int, cfg: VectorConfig) -> int:
+    if base.is_trained:
+        return 0
+    if n == 0:
+        raise ValueError(f"--index-type {factory!r} must be trained, and the index holds no vectors yet")
+    size = min(n, cfg.train_size or default_train_size(factory, n, base.d))
+    sample = _sample(store, n, size, cfg.seed)
+    try:
+        base.train(np.ascontiguousarray(sample, dtype=np.float32))
+    except RuntimeError as exc:
+        raise ValueError(f"--index-type {factory!r} cannot be trained on {len(sample)} vectors "
+                         f"({str(exc).strip().splitlines()[-1]}); use fewer lists (e.g. IVF{nlist_for(n)},Flat), "
+                         "--index-type auto, or Flat for a small collection") from None
+    return len(sample)
+
+
+def _add_all(index, store, since_id: int = 0, bar_label: str = "adding vectors") -> int:
+    added = 0
+    bar = Bar(store.count(), bar_label)
+    for ids, slots in store.live(ADD_CHUNK, since_id):
+        index.add_with_ids(np.ascontiguousarray(store.vectors.read(slots)), ids)
+        added += len(ids)
+        bar.update(len(ids))
+    bar.close()
+    return added
+
+
+def _wrap(base):
+    """IVF indexes keep ids in their lists; the others get an IndexIDMap2."""
+    faiss = _faiss()
+    return base if _ivf(base) is not None else faiss.IndexIDMap2(base)
+
+
+def _write(index, out: Path, name: str = "vectors.faiss") -> None:
+    faiss = _faiss()
+    tmp = out / f".{name}.{os.getpid()}.tmp"
+    faiss.write_index(index, str(tmp))
+    os.replace(tmp, out / name)
+
+
+def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str:
+    """Adds every row to on-disk inverted lists, a chunk at a time (module docstring); returns the lists' file."""
+    faiss = _faiss()
+    from faiss.contrib.ondisk import merge_ondisk
+    blocks = out / ".blocks"
+    shutil.rmtree(blocks, ignore_errors=True)
+    blocks.mkdir()
+    names = []
+    bar = Bar(store.count(), "adding vectors (on-disk lists)")
+    for k, (ids, slots) in enumerate(store.live(ADD_CHUNK, since_id)):
+        block = faiss.clone_index(trained)
+        block.add_with_ids(np.ascontiguousarray(store.vectors.read(slots)), ids)
+        names.append(str(blocks / f"block-{k:05d}.index"))
+        faiss.write_index(block, names[-1])
+        del block
+        bar.update(len(ids))
+    bar.close()
+    lists = f"lists-{time.time_ns()}.ivfdata"
+    index = faiss.clone_index(trained)
+    if names:
+        merge_ondisk(index, names, str(out / lists))
+    else:
+        ivf = _ivf(index)
+        ivf.replace_invlists(faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(out / lists)), True)
+    _write(index, out)
+    shutil.rmtree(blocks, ignore_errors=True)
+    for old in out.glob("lists-*.ivfdata"):  # the lists the previous index file referred to
+        if old.name != lists:
+            old.unlink()
+    return lists
+
+
+def build_faiss(store, out: str | Path, cfg: VectorConfig) -> dict:
+    """Trains (when the index type needs it) and fills the index of every row of `store`; writes
+    `out`/vectors.faiss (and `out`/trained.faiss, the empty trained index, for updates). Returns what index.json
+    records of it."""
+    faiss = _faiss()
+    out = Path(out)
+    n, dim = store.count(), store.dim()
+    if dim is None:
+        raise ValueError(f"{out}: no image is indexed yet, so there is nothing to build a vector index of")
+    factory, why = cfg.factory, "given"
+    if factory == "auto":
+        factory, why = choose_index(n, dim, parse_bytes(cfg.max_index_memory))
+    base = _new_index(factory, dim)
+    if cfg.ondisk and _ivf(base) is None:
+        raise ValueError(f"--ondisk needs an IVF index (inverted lists), not {factory!r}")
+    t0 = time.time()
+    trained_on = _train(base, factory, store, n, cfg)
+    train_s = time.time() - t0
+    index = _wrap(base)
+    _write(index, out, "trained.faiss")
+    max_id = _max_id(store)
+    if cfg.ondisk:
+        lists = _write_ondisk(index, store, out)
+    else:
+        _add_all(index, store)
+        _write(index, out)
+        lists = None
+    store.clear_removed()
+    return {"factory": factory, "why": why, "trained_on": trained_on, "trained_count": n, "train_s": round(train_s, 2),
+            "ondisk": bool(cfg.ondisk), "lists": lists, "max_id": max_id, "count": n,
+            "nlist": int(_ivf(base).nlist) if _ivf(base) is not None else None, "refine": _is_pq(factory)}
+
+
+def _max_id(store) -> int:
+    r = store.db.execute("SELECT MAX(id) FROM images").fetchone()
+    return int(r[0] or 0)
+
+
+def update_faiss(store, out: str | Path, vec: dict) -> dict:
+    """Brings the index in `out` up to the store without retraining (module docstring); `vec` is what index.json
+    records of the index (`build_faiss`'s answer). Returns the new record, with `growth` when the collection has
+    outgrown the trained index."""
+    faiss = _faiss()
+    out = Path(out)
+    removed = store.removed()
+    trained = faiss.read_index(str(out / "trained.faiss"))
+    since = int(vec["max_id"])
+    if vec.get("ondisk"):
+        lists = _write_ondisk(trained, store, out)  # every live row, through the trained quantizer
+    elif "HNSW" in vec["factory"]:
+        index = faiss.clone_index(trained)
+        _add_all(index, store)
+        _write(index, out)
+        lists = None
+    else:
+        index = faiss.read_index(str(out / "vectors.faiss"))
+        # ids above `since` may be in the file already, if a run died between writing it and recording it
+        index.remove_ids(faiss.IDSelectorRange(since + 1, 2 ** 62))
+        if removed:
+            index.remove_ids(faiss.IDSelectorBatch(np.asarray(removed, dtype=np.int64)))
+        _add_all(index, store, since)
+        _write(index, out)
+        lists = None
+    store.clear_removed()
+    n = store.count()
+    rec = {**vec, "lists": lists, "max_id": _max_id(store), "count": n}
+    rec["growth"] = growth(rec)
+    return rec
+
+
+def growth(vec: dict) -> str | None:
+    """Whether the collection has outgrown what the index was trained for: an IVF index whose nlist has fallen
+    below FAISS's guideline of 4 sqrt(N) lists (its lists grow long and search slows), or any trained index that
+    now holds more than 4x the vectors it was trained with. None when neither."""
+    n, nlist, base = int(vec["count"]), vec.get("nlist"), int(vec.get("trained_count") or 0)
+    why = []
+    if nlist and nlist < 4 * math.sqrt(n) / 2:  # a factor 2 of slack: nlist was rounded to a power of two
+        why.append(f"{nlist} lists for {n} vectors, under FAISS's 4 sqrt(N) = {4 * math.sqrt(n):.0f}")
+    if vec.get("trained_on") and base and n > 4 * base:
+        why.append(f"{n} vectors, {n / base:.1f}x the {base} it was trained with")
+    return ("; ".join(why) + "; rebuild it with `foco index update --retrain`") if why else None
 
 
 def set_search_params(index, nprobe: int | None = None, ef_search: int | None = None) -> dict:
-    """IVF's nprobe and HNSW's efSearch on the index inside the id map, where it has them; returns what was set."""
+    """IVF's nprobe and HNSW's efSearch, where the index has them; returns what was set."""
     faiss = _faiss()
-    inner = faiss.downcast_index(index.index) if hasattr(index, "id_map") else index
     done = {}
-    if nprobe is not None:
-        try:
-            faiss.extract_index_ivf(inner).nprobe = nprobe
-            done["nprobe"] = nprobe
-        except RuntimeError:
-            pass
+    if nprobe is not None and (ivf := _ivf(index)) is not None:
+        ivf.nprobe = nprobe
+        done["nprobe"] = nprobe
+    inner = faiss.downcast_index(index.index) if hasattr(index, "id_map") else index
     if ef_search is not None and hasattr(inner, "hnsw"):
         inner.hnsw.efSearch = ef_search
         done["efSearch"] = ef_search
     return done
 
 
-def save_vector_index(index, path: str | Path) -> None:
-    faiss = _faiss()
-    atomic_write_bytes(path, faiss.serialize_index(index).tobytes())
-
-
-def load_vector_index(path: str | Path):
+def load_vector_index(path: str | Path, ivf: bool, ondisk: bool = False):
+    """The index at `path`, memory-mapped and read-only: an IVF index's lists are mapped (IO_FLAG_MMAP), on-disk
+    lists are opened read-only beside the index file (IO_FLAG_ONDISK_SAME_DIR), and the codes of Flat and HNSW
+    are mapped (IO_FLAG_MMAP_IFC). FAISS takes no other combination (MMAP with on-disk lists crashes)."""
     faiss = _faiss()
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path} is missing: rerun `foco index update` on this index")
-    data = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    flags = faiss.IO_FLAG_READ_ONLY | (faiss.IO_FLAG_ONDISK_SAME_DIR if ondisk else
+                                       faiss.IO_FLAG_MMAP if ivf else faiss.IO_FLAG_MMAP_IFC)
     try:
-        return faiss.deserialize_index(data)
+        return faiss.read_index(str(path), flags)
     except RuntimeError as exc:
         raise ValueError(f"{path} is not a readable FAISS index ({str(exc).strip().splitlines()[-1]}); rerun "
-                         "`foco index update` on this index to rebuild it") from None
+                         "`foco index update --retrain` on this index to rebuild it") from None
+
+
+def build_vector_index(ids: np.ndarray, vectors: np.ndarray, factory: str = "Flat", seed: int = 0):
+    """An in-memory FAISS index of `vectors` (N, D) float32 (normalised) under `ids` (N,) int64: the same rules
+    as `build_faiss` for vectors already in memory (tests, experiments)."""
+    base = _new_index(factory, vectors.shape[1])
+    if not base.is_trained:
+        n = len(vectors)
+        if n == 0:
+            raise ValueError(f"--index-type {factory!r} must be trained, and the index holds no vectors yet")
+        size = default_train_size(factory, n, vectors.shape[1])
+        rng = np.random.default_rng(seed)
+        sample = vectors[np.sort(rng.choice(n, size, replace=False))] if size < n else vectors
+        try:
+            base.train(np.ascontiguousarray(sample, dtype=np.float32))
+        except RuntimeError as exc:
+            raise ValueError(f"--index-type {factory!r} cannot be trained on {len(sample)} vectors "
+                             f"({str(exc).strip().splitlines()[-1]}); use fewer lists (e.g. "
+                             f"IVF{nlist_for(n)},Flat) or Flat for a small collection") from None
+    index = _wrap(base)
+    if len(vectors):
+        index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int64))
+    return index
 
 
 def search_vectors(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -90,3 +361,4 @@ def search_vectors(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.n
     k = max(1, min(k, index.ntotal)) if index.ntotal else 1
     scores, ids = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
     return scores, ids
+

@@ -1,0 +1,130 @@
+"""The index at scale: features in on-disk arrays, a FAISS index trained on a sample and filled a chunk at a time,
+on-disk inverted lists, updates without retraining, memory-mapped read-only loading, and the rules of
+`--index-type auto`. Synthetic vectors, written through the same store a build writes."""
+from __future__ import annotations
+
+import hashlib
+
+import numpy as np
+import pytest
+
+faiss = pytest.importorskip("faiss")
+
+from foco.search import vectors as V  # noqa: E402
+from foco.search.store import ImageRow, ImageStore  # noqa: E402
+
+
+def _clustered(n: int, dim: int, seed: int, centres: int = 16) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    c = rng.standard_normal((centres, dim)).astype(np.float32)
+    x = c[rng.integers(0, centres, n)] + 0.3 * rng.standard_normal((n, dim)).astype(np.float32)
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def _rows(names):
+    return [ImageRow(0, f"{p}.png", 1, 1, hashlib.sha256(p.encode()).hexdigest(), 8, 8) for p in names]
+
+
+def _fill(folder, x, start=0, batch=500):
+    with ImageStore(folder / "images.sqlite") as store:
+        for s in range(0, len(x), batch):
+            store.add(_rows([f"img{start + i}" for i in range(s, min(s + batch, len(x)))]), x[s:s + batch])
+
+
+def _exact(store, q, k):
+    ids, vecs = [], []
+    for i, s in store.live():
+        ids.append(i)
+        vecs.append(store.vectors.read(s))
+    ids, vecs = np.concatenate(ids), np.concatenate(vecs)
+    return ids[np.argsort(-(q @ vecs.T), axis=1, kind="stable")[:, :k]]
+
+
+@pytest.mark.parametrize("ondisk", [False, True])
+def test_ivf_is_built_from_the_arrays_updated_without_retraining_and_loaded_mapped(tmp_path, ondisk):
+    x = _clustered(3000, 32, 0)
+    _fill(tmp_path, x)
+    with ImageStore(tmp_path / "images.sqlite") as store:
+        rec = V.build_faiss(store, tmp_path, V.VectorConfig("IVF16,Flat", ondisk=ondisk, train_size=1000))
+    assert rec["trained_on"] == 1000 and rec["nlist"] == 16 and rec["ondisk"] == ondisk
+    trained = (tmp_path / "trained.faiss").read_bytes()
+    index = V.load_vector_index(tmp_path / "vectors.faiss", ivf=True, ondisk=ondisk)
+    assert not hasattr(index, "id_map")  # an IVF index keeps the ids itself: no IndexIDMap2 around it
+    V.set_search_params(index, nprobe=16)  # every list: exact
+    q = _clustered(20, 32, 1)
+    with ImageStore(tmp_path / "images.sqlite", readonly=True) as store:
+        assert np.array_equal(V.search_vectors(index, q, 10)[1], _exact(store, q, 10))
+
+    # an update: 400 new images, 300 removed, 50 replaced by new content
+    _fill(tmp_path, _clustered(400, 32, 2), start=3000)
+    with ImageStore(tmp_path / "images.sqlite") as store:
+        gone = store.remove([f"img{i}.png" for i in range(300)])
+        store.add(_rows([f"img{i}" for i in range(300, 350)]), _clustered(50, 32, 3))
+        rec = V.update_faiss(store, tmp_path, rec)
+        assert store.removed() == []
+    assert (tmp_path / "trained.faiss").read_bytes() == trained  # not retrained
+    assert rec["count"] == 3100 and rec["trained_on"] == 1000
+    index = V.load_vector_index(tmp_path / "vectors.faiss", ivf=True, ondisk=ondisk)
+    V.set_search_params(index, nprobe=16)
+    assert index.ntotal == 3100
+    with ImageStore(tmp_path / "images.sqlite", readonly=True) as store:
+        got = V.search_vectors(index, q, 10)[1]
+        assert np.array_equal(got, _exact(store, q, 10))
+        assert not set(got.ravel().tolist()) & set(gone)
+    if ondisk:
+        assert len(list(tmp_path.glob("lists-*.ivfdata"))) == 1  # the previous lists are gone
+
+
+def test_a_kill_between_the_arrays_and_the_commit_is_cut_back(tmp_path):
+    x = _clustered(100, 8, 0)
+    _fill(tmp_path, x, batch=50)
+    with ImageStore(tmp_path / "images.sqlite") as store:
+        store.vectors.write(100, _clustered(30, 8, 1))  # a batch on disk whose rows were never committed
+    size = (tmp_path / "vectors" / "shard-00000.f32").stat().st_size
+    assert size == 130 * 8 * 4
+    with ImageStore(tmp_path / "images.sqlite") as store:  # opened for writing: cut back to what was committed
+        assert (tmp_path / "vectors" / "shard-00000.f32").stat().st_size == 100 * 8 * 4
+        assert np.array_equal(store.vector_rows([1, 100]), x[[0, 99]])
+
+
+def test_the_arrays_span_shards(tmp_path):
+    from foco.search.arrays import FeatureArrays
+    a = FeatureArrays(tmp_path, (3,), "float32", shard_rows=4)
+    rows = np.arange(30, dtype=np.float32).reshape(10, 3)
+    a.write(0, rows[:6])
+    a.write(6, rows[6:])
+    assert len(list(tmp_path.glob("shard-*.f32"))) == 3
+    assert np.array_equal(a.read([9, 0, 4, 3]), rows[[9, 0, 4, 3]])
+    a.truncate(5)
+    assert [p.stat().st_size for p in sorted(tmp_path.glob("shard-*.f32"))] == [4 * 12, 12]
+
+
+def test_a_flat_and_an_hnsw_index_update_and_load_mapped(tmp_path):
+    for factory in ("Flat", "HNSW16"):
+        d = tmp_path / factory
+        d.mkdir()
+        _fill(d, _clustered(600, 16, 0))
+        with ImageStore(d / "images.sqlite") as store:
+            rec = V.build_faiss(store, d, V.VectorConfig(factory))
+            store.remove([f"img{i}.png" for i in range(100)])
+            rec = V.update_faiss(store, d, rec)
+        index = V.load_vector_index(d / "vectors.faiss", ivf=False)
+        assert index.ntotal == 500
+        ids = V.search_vectors(index, _clustered(5, 16, 1), 20)[1]
+        assert (ids > 100).all()
+
+
+def test_auto_chooses_by_the_written_rules():
+    assert V.choose_index(5_000, 768, V.parse_bytes("4GB"))[0] == "Flat"
+    assert V.choose_index(1_000_000, 768, V.parse_bytes("4GB"))[0] == "Flat"  # 3.1 GB fits
+    assert V.choose_index(2_000_000, 768, V.parse_bytes("8GB"))[0] == "IVF4096,Flat"
+    assert V.choose_index(100_000_000, 768, V.parse_bytes("8GB"))[0] == "IVF32768,PQ64"
+    assert V.choose_index(100_000_000, 768, V.parse_bytes("3GB"))[0] == "IVF32768,PQ24"  # 3.2e9 B <= 3 GiB
+    with pytest.raises(ValueError, match="raise it"):
+        V.choose_index(100_000_000, 768, V.parse_bytes("1GB"))
+    assert V.nlist_for(1_000_000) == 4096 and V.nlist_for(1000) == 25
+    assert V.default_train_size("IVF4096,Flat", 10**8, 768) == 64 * 4096
+    assert V.default_train_size("IVF64,PQ16", 10**8, 768) == 39 * 256
+    assert V.default_train_size("IVF65536,PQ64", 10**9, 768) == V.MAX_TRAIN_BYTES // (4 * 768)
+    with pytest.raises(ValueError, match="--max-index-memory"):
+        V.parse_bytes("lots")
