@@ -37,6 +37,16 @@ def _report(stats, out) -> None:
         print(f"note: the vector index has outgrown its training: {stats.growth}", file=sys.stderr)
 
 
+def _nonnegative_float(value: str) -> float:
+    try:
+        v = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
+    if not (v >= 0 and v < float("inf")):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {value!r}")
+    return v
+
+
 def _size(value: str) -> str:
     from ..search.vectors import parse_bytes
     try:
@@ -81,21 +91,38 @@ def _search(a: argparse.Namespace) -> int:
 
 def _serve(a: argparse.Namespace) -> int:
     from ..search.engine import Limits, SearchEngine
-    from ..serve.app import ServeLimits, create_app
+    from ..serve.app import ServeLimits
     loopback = a.host in ("127.0.0.1", "localhost", "::1")
     if not loopback and not a.allow_remote:
         raise ValueError(f"--host {a.host} would serve this index beyond this machine; add --allow-remote to mean it")
     if not loopback:
         print(f"warning: serving {a.index} on {a.host}:{a.port}, reachable from other machines; there is no "
               "authentication", file=sys.stderr)
-    limits = ServeLimits(max_upload_bytes=a.max_upload_mb * 1024 * 1024, max_text_chars=a.max_text, max_k=a.max_k)
-    engine = SearchEngine.open(a.index, checkpoint=a.checkpoint, pic2word=a.pic2word, foco_edits=a.foco_edits,
-                               limits=Limits(max_k=a.max_k, max_text_chars=a.max_text), box_beta=a.box_beta,
-                               device=_device(a))
+    limits = ServeLimits(max_upload_bytes=a.max_upload_mb * 1024 * 1024, max_text_chars=a.max_text, max_k=a.max_k,
+                         max_knn=a.max_knn, max_batch=a.max_batch, max_wait_ms=a.max_wait_ms)
+    engine_args = {"checkpoint": a.checkpoint, "pic2word": a.pic2word, "foco_edits": a.foco_edits,
+                   "box_beta": a.box_beta, "device": _device(a)}
+    engine = SearchEngine.open(a.index, limits=Limits(max_k=a.max_k, max_text_chars=a.max_text), **engine_args)
     import uvicorn
     print(f"foco serve: {engine.count()} images, methods {', '.join(engine.available_methods())}; "
+          f"{a.workers} worker(s), batches of at most {a.max_batch} within {a.max_wait_ms:g} ms; "
           f"open http://{a.host}:{a.port}/", flush=True)
-    uvicorn.run(create_app(engine, limits), host=a.host, port=a.port, log_level="warning")
+    if a.workers == 1:
+        from ..serve.app import create_app
+        uvicorn.run(create_app(engine, limits), host=a.host, port=a.port, log_level="warning")
+        return 0
+    import os
+    import shutil
+    import tempfile
+    from ..serve.app import ENV, settings_env
+    del engine  # each worker opens its own, over the same memory-mapped files
+    heatmaps = tempfile.mkdtemp(prefix="foco-serve-heatmaps-")
+    os.environ[ENV] = settings_env(str(a.index), engine_args, limits, heatmaps)
+    try:
+        uvicorn.run("foco.serve.app:app_from_env", factory=True, workers=a.workers, host=a.host, port=a.port,
+                    log_level="warning")
+    finally:
+        shutil.rmtree(heatmaps, ignore_errors=True)
     return 0
 
 
@@ -157,6 +184,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     v.add_argument("--allow-remote", action="store_true", help="required to bind a non-loopback --host")
     v.add_argument("--max-upload-mb", type=positive_int, default=10, help="largest accepted upload, in MiB")
     v.add_argument("--max-text", type=positive_int, default=1000, help="longest accepted text, in characters")
-    v.add_argument("--max-k", type=positive_int, default=100, help="most results per query")
+    v.add_argument("--max-k", type=positive_int, default=100, help="most results per composed query")
+    v.add_argument("--max-knn", type=positive_int, default=10_000,
+                   help="most num_images / num_result_ids of a /knn-service request (clip-retrieval's API)")
+    v.add_argument("--workers", type=positive_int, default=1,
+                   help="server processes over the same memory-mapped index (uvicorn workers)")
+    v.add_argument("--max-batch", type=positive_int, default=32,
+                   help="composed queries answered by one forward (1: one at a time)")
+    v.add_argument("--max-wait-ms", type=_nonnegative_float, default=5.0,
+                   help="how long the first query of a batch waits for others, in milliseconds")
     _method_args(v)
     v.set_defaults(func=_serve)

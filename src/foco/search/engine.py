@@ -7,6 +7,12 @@ The query goes through the same composed-query path as evaluation: the backbone 
 text into `QueryBatch`, the method registered under `method` (`build_method`) composes it, FAISS ranks the
 gallery, and Chord (lambda > 0) rescores a shortlist. A box on the reference is FoCo's attention bias
 (`foco.model.box`), beta < 0 as chosen on val in docs/benchmarks.md ("Box anchoring").
+
+`search_many(queries)` answers several at once (the server's micro-batches): one text encoding, one composed-query
+forward and one FAISS search per method, each query answered as it would be alone. Features are read from the
+index's memory-mapped arrays; the image store gives each thread its own read-only SQLite connection, so lookups
+(a thumbnail, a gallery page) never wait for a search. A PQ index's results are re-ranked exactly from the stored
+vectors (a shortlist of REFINE x k).
 """
 from __future__ import annotations
 
@@ -161,61 +167,126 @@ class SearchEngine:
         if q.reference is None:
             raise QueryError("a reference image is required: an indexed id or an uploaded image")
 
-    def _reference(self, ref: int | Image.Image, need_patches: bool) -> tuple[ImageFeatures, tuple[int, int]]:
-        """(1, D) global and (1, P, D) patches of the reference, and its pixel size."""
-        if isinstance(ref, Image.Image):
-            f = self._encode_image(ref)
-            return f, ref.size
-        row = self.row(int(ref))
-        g = torch.from_numpy(self.store.vector_rows([row.id])).view(1, self.dim)
-        if not need_patches:
-            return ImageFeatures(g, torch.empty(1, 0, self.dim)), (row.width, row.height)
-        stored = self.store.patch_rows(row.id)
-        if stored is not None:
-            return ImageFeatures(g, torch.from_numpy(stored)[None]), (row.width, row.height)
-        f = self._encode_image(open_image(self.file(row.id)))
-        return ImageFeatures(g, f.patches), (row.width, row.height)
-
     def _encode_image(self, image: Image.Image) -> ImageFeatures:
-        with torch.inference_mode(), autocast(self.meta.get("precision", "fp32")):
-            f = self.backbone.encode_images([image.convert("RGB")])
+        return self._encode_images([image])
+
+    def _encode_images(self, images: list[Image.Image]) -> ImageFeatures:
+        """(n, D) globals and (n, P, D) patches of images, float32."""
+        with self._lock, torch.inference_mode(), autocast(self.meta.get("precision", "fp32")):
+            f = self.backbone.encode_images([im.convert("RGB") for im in images])
         return ImageFeatures(f.global_.float(), f.patches.float())
 
     def encode_text(self, text: str) -> TextFeatures:
-        with torch.inference_mode(), autocast(self.meta.get("precision", "fp32")):
-            f = self.backbone.encode_texts([text])
+        return self.encode_texts([text])
+
+    def encode_texts(self, texts: list[str]) -> TextFeatures:
+        with self._lock, torch.inference_mode(), autocast(self.meta.get("precision", "fp32")):
+            f = self.backbone.encode_texts(list(texts))
         return TextFeatures(f.global_.float(), f.tokens.float(), f.mask)
 
     def search(self, q: Query) -> Answer:
-        self._check(q)
-        method = self._method(q.method)
-        with self._lock:
-            reads_patches = METHODS.get(q.method).reads_anchor  # FoCo's family reads patches and the box
-            ref, size = self._reference(q.reference, need_patches=reads_patches)
-            bias = None
-            if q.box is not None:
-                if not reads_patches:
-                    raise QueryError(f"a box steers FoCo's attention; method {q.method!r} has none")
-                bias = self._box_bias(q.box, size, ref.patches.shape[1])
-            batch = QueryBatch(reference=ref, modification=self.encode_text(q.text), texts=[q.text], attn_bias=bias)
-            with torch.inference_mode():
-                composed = method.encode(batch)
-            query = composed.query.float()  # (1, D)
-            exclude = int(q.reference) if not isinstance(q.reference, Image.Image) and not q.keep_reference else None
-            hits = self._rank(query, ref.global_, q.k, q.chord, exclude)
-        attention = composed.attention[0] if composed.attention is not None else None
-        return Answer(hits, attention, size)
+        out = self.search_many([q])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out
 
-    def search_vector(self, vector: np.ndarray, k: int) -> list[Hit]:
-        """Nearest images to a (D,) vector (clip-retrieval's embedding_input)."""
+    def search_many(self, queries: list[Query]) -> list[Answer | QueryError]:
+        """Several queries at once: per method, one text encoding, one reference encoding (of the references whose
+        features are not stored), one composed-query forward and one FAISS search. Each query gets the answer
+        `search` gives it alone, or its own QueryError; one bad query fails no other."""
+        out: list[Answer | QueryError | None] = [None] * len(queries)
+        groups: dict[str, list[int]] = {}
+        for i, q in enumerate(queries):
+            try:
+                self._check(q)
+                self._method(q.method)
+                groups.setdefault(q.method, []).append(i)
+            except QueryError as exc:
+                out[i] = exc
+        for name, idx in groups.items():
+            for i, a in zip(idx, self._search_group(name, [queries[i] for i in idx])):
+                out[i] = a
+        return out  # type: ignore[return-value]
+
+    def _search_group(self, name: str, qs: list[Query]) -> list[Answer | QueryError]:
+        method = self._method(name)
+        reads_patches = METHODS.get(name).reads_anchor  # FoCo's family reads patches and the box
+        out: list[Answer | QueryError | None] = [None] * len(qs)
+        glob: dict[int, torch.Tensor] = {}  # query -> (D,) reference global
+        patches: dict[int, torch.Tensor] = {}  # query -> (P, D)
+        size: dict[int, tuple[int, int]] = {}
+        encode: list[tuple[int, Image.Image]] = []  # references whose features are computed now
+        for i, q in enumerate(qs):
+            try:
+                if q.box is not None and not reads_patches:
+                    raise QueryError(f"a box steers FoCo's attention; method {q.method!r} has none")
+                if isinstance(q.reference, Image.Image):
+                    encode.append((i, q.reference))
+                    size[i] = q.reference.size
+                    continue
+                row = self.row(int(q.reference))
+                size[i] = (row.width, row.height)
+                glob[i] = torch.from_numpy(self.store.vector_rows([row.id])[0])
+                if reads_patches:
+                    stored = self.store.patch_rows(row.id)
+                    if stored is not None:
+                        patches[i] = torch.from_numpy(stored)
+                    else:
+                        encode.append((i, open_image(self.file(row.id))))
+            except QueryError as exc:
+                out[i] = exc
+        if encode:
+            f = self._encode_images([im for _, im in encode])
+            for j, (i, _) in enumerate(encode):
+                glob.setdefault(i, f.global_[j])  # an indexed reference keeps its stored global
+                patches[i] = f.patches[j]
+        bias: dict[int, torch.Tensor] = {}
+        for i, q in enumerate(qs):
+            if out[i] is None and q.box is not None:
+                try:
+                    bias[i] = self._box_bias(q.box, size[i], patches[i].shape[0])[0]  # (P,)
+                except QueryError as exc:
+                    out[i] = exc
+        ok = [i for i in range(len(qs)) if out[i] is None]
+        if not ok:
+            return out  # type: ignore[return-value]
+        ref_g = torch.stack([glob[i] for i in ok])  # (b, D)
+        ref_p = torch.stack([patches[i] for i in ok]) if reads_patches else torch.empty(len(ok), 0, self.dim)
+        attn_bias = None
+        if bias:
+            attn_bias = torch.zeros(len(ok), ref_p.shape[1])  # (b, P): no bias where a query has no box
+            for j, i in enumerate(ok):
+                if i in bias:
+                    attn_bias[j] = bias[i]
+        texts = [qs[i].text for i in ok]
+        batch = QueryBatch(reference=ImageFeatures(ref_g, ref_p), modification=self.encode_texts(texts),
+                           texts=texts, attn_bias=attn_bias)
+        with self._lock, torch.inference_mode():
+            composed = method.encode(batch)
+        query = composed.query.float()  # (b, D)
+        exclude = [None if isinstance(qs[i].reference, Image.Image) or qs[i].keep_reference else int(qs[i].reference)
+                   for i in ok]
+        depths = [self._depth(qs[i].k, qs[i].chord, exclude[j] is not None) for j, i in enumerate(ok)]
+        found = self._search_depths(query, depths)
+        for j, i in enumerate(ok):
+            scores, ids = found[j]
+            hits = self._hits(query[j:j + 1], scores, ids, ref_g[j:j + 1], qs[i].k, qs[i].chord, exclude[j])
+            attention = composed.attention[j] if composed.attention is not None else None
+            out[i] = Answer(hits, attention, size[i])
+        return out  # type: ignore[return-value]
+
+    def search_vector(self, vector: np.ndarray, k: int, max_k: int | None = None) -> list[Hit]:
+        """Nearest images to a (D,) vector (clip-retrieval's embedding_input); k at most `max_k` (default: the
+        limit of composed searches)."""
         if vector.shape != (self.dim,):
             raise QueryError(f"the embedding has {vector.shape[0] if vector.ndim == 1 else vector.shape} values; "
                              f"this index holds {self.dim}-dimensional vectors")
-        if not 1 <= k <= self.limits.max_k:
-            raise QueryError(f"k must be between 1 and {self.limits.max_k}, got {k}")
+        max_k = max_k or self.limits.max_k
+        if not 1 <= k <= max_k:
+            raise QueryError(f"k must be between 1 and {max_k}, got {k}")
         q = torch.nn.functional.normalize(torch.from_numpy(vector.astype(np.float32))[None], dim=-1)
-        with self._lock:
-            return self._rank(q, None, k, 0.0, None)
+        scores, ids = self._search_depths(q, [self._depth(k, 0.0, False)])[0]
+        return self._hits(q, scores, ids, None, k, 0.0, None)
 
     def _box_bias(self, box, size: tuple[int, int], num_patches: int) -> torch.Tensor:
         x0, y0, x1, y1 = (float(v) for v in box)
@@ -225,13 +296,27 @@ class SearchEngine:
                              "(x0 < x1, y0 < y1, in pixels)")
         return box_attention_bias(torch.tensor([[x0, y0, x1, y1]]), self.box_beta, (W, H), patch_grid(num_patches))
 
-    def _rank(self, query: torch.Tensor, reference: torch.Tensor | None, k: int, chord: float,
-              exclude: int | None) -> list[Hit]:
-        depth = k + (exclude is not None)
+    def _depth(self, k: int, chord: float, excludes: bool) -> int:
+        """How deep FAISS searches for one query: k, one more for an excluded reference, Chord's shortlist, and a PQ
+        index's re-rank shortlist."""
+        depth = k + excludes
         depth = max(depth, CHORD_SHORTLIST) if chord > 0 else depth
-        depth = max(depth * self.refine, depth) if self.refine else depth  # a PQ shortlist, re-ranked exactly
-        scores, ids = search_vectors(self.index, query.numpy(), depth)
-        scores, ids = scores[0], ids[0]
+        return depth * self.refine if self.refine else depth
+
+    def _search_depths(self, queries: torch.Tensor, depths: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """One FAISS search per distinct depth over the queries (b, D) that need it; (scores, ids) per query."""
+        out: list = [None] * len(depths)
+        for depth in sorted(set(depths)):
+            rows = [j for j, d in enumerate(depths) if d == depth]
+            scores, ids = search_vectors(self.index, queries[rows].numpy(), depth)
+            for r, j in enumerate(rows):
+                out[j] = (scores[r], ids[r])
+        return out
+
+    def _hits(self, query: torch.Tensor, scores: np.ndarray, ids: np.ndarray, reference: torch.Tensor | None,
+              k: int, chord: float, exclude: int | None) -> list[Hit]:
+        """The top k of one query's FAISS results, the reference left out, re-ranked by the exact stored vectors (a
+        PQ index) or by Chord (lambda > 0)."""
         keep = (ids >= 0) & (ids != (exclude if exclude is not None else -2))
         scores, ids = scores[keep], ids[keep]
         if (self.refine or chord > 0) and len(ids):

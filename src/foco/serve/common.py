@@ -1,0 +1,181 @@
+"""What the routes of `foco serve` share: limits, the request counters, the heatmap store, request parsing, and
+the thread pool that decodes uploads and encodes PNGs (never the event loop)."""
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import io
+import os
+import secrets
+import threading
+import warnings
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from ..search.build import MAX_IMAGE_PIXELS
+from ..search.engine import QueryError, SearchEngine
+from .batcher import MicroBatcher
+
+
+@dataclass
+class ServeLimits:
+    max_upload_bytes: int = 10 * 1024 * 1024
+    max_pixels: int = MAX_IMAGE_PIXELS
+    max_text_chars: int = 1000
+    max_k: int = 100  # results of a composed search
+    max_knn: int = 10_000  # num_images and num_result_ids of /knn-service (clip-retrieval's back end sets none)
+    attention_cache: int = 256  # recent heatmaps kept for /attention/{token}
+    max_batch: int = 32  # composed queries answered by one forward
+    max_wait_ms: float = 5.0  # how long the first query of a batch waits for others
+
+
+class Metrics:
+    """Request counts and latency sums per (endpoint, status), in Prometheus' text format."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.counts: dict[tuple[str, int], int] = {}
+        self.seconds: dict[str, float] = {}
+        self.calls: dict[str, int] = {}
+
+    def record(self, endpoint: str, status: int, seconds: float) -> None:
+        with self.lock:
+            self.counts[(endpoint, status)] = self.counts.get((endpoint, status), 0) + 1
+            self.seconds[endpoint] = self.seconds.get(endpoint, 0.0) + seconds
+            self.calls[endpoint] = self.calls.get(endpoint, 0) + 1
+
+    def text(self, images: int, batcher: MicroBatcher | None = None) -> str:
+        with self.lock:
+            lines = ["# HELP foco_requests_total HTTP requests by endpoint and status.",
+                     "# TYPE foco_requests_total counter"]
+            lines += [f'foco_requests_total{{endpoint="{e}",status="{s}"}} {n}'
+                      for (e, s), n in sorted(self.counts.items())]
+            lines += ["# HELP foco_request_seconds Time spent answering requests, by endpoint.",
+                      "# TYPE foco_request_seconds summary"]
+            for e in sorted(self.calls):
+                lines += [f'foco_request_seconds_sum{{endpoint="{e}"}} {self.seconds[e]:.6f}',
+                          f'foco_request_seconds_count{{endpoint="{e}"}} {self.calls[e]}']
+            lines += ["# HELP foco_indexed_images Images in the served index.", "# TYPE foco_indexed_images gauge",
+                      f"foco_indexed_images {images}"]
+            if batcher is not None:
+                lines += ["# HELP foco_search_batches_total Composed-query batches run, and the queries in them.",
+                          "# TYPE foco_search_batches_total counter", f"foco_search_batches_total {batcher.batches}",
+                          f"foco_search_batched_queries_total {batcher.queries}"]
+        return "\n".join(lines) + "\n"
+
+
+class Heatmaps:
+    """The PNGs of recent searches' attention, by token: in memory, or in `folder` when several server processes
+    answer (a heatmap made by one is then found by another)."""
+
+    def __init__(self, keep: int, folder: Path | None = None):
+        self.keep, self.folder = keep, folder
+        self.lock = threading.Lock()
+        self.memory: OrderedDict[str, bytes] = OrderedDict()
+
+    def put(self, data: bytes) -> str:
+        token = secrets.token_urlsafe(12)
+        if self.folder is None:
+            with self.lock:
+                self.memory[token] = data
+                while len(self.memory) > self.keep:
+                    self.memory.popitem(last=False)
+            return token
+        tmp = self.folder / f".{token}.tmp"
+        tmp.write_bytes(data)
+        os.replace(tmp, self.folder / f"{token}.png")
+        files = sorted(self.folder.glob("*.png"), key=lambda p: p.stat().st_mtime_ns)
+        for old in files[:-self.keep]:
+            old.unlink(missing_ok=True)
+        return token
+
+    def get(self, token: str) -> bytes | None:
+        if self.folder is None:
+            with self.lock:
+                return self.memory.get(token)
+        if not token.replace("-", "").replace("_", "").isalnum():  # a token never names another file
+            return None
+        path = self.folder / f"{token}.png"
+        return path.read_bytes() if path.is_file() else None
+
+
+@dataclass
+class ServeState:
+    engine: SearchEngine
+    limits: ServeLimits
+    batcher: MicroBatcher
+    heatmaps: Heatmaps
+    metrics: Metrics = field(default_factory=Metrics)
+    thumbs: OrderedDict = field(default_factory=OrderedDict)
+    cpu: concurrent.futures.ThreadPoolExecutor = field(
+        default_factory=lambda: concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="foco-cpu"))
+
+    async def on_cpu(self, fn, *args):
+        """`fn(*args)` in the pool for uploads and PNGs: off the event loop, apart from images and searches."""
+        return await asyncio.get_running_loop().run_in_executor(self.cpu, lambda: fn(*args))
+
+    def default_method(self) -> str:
+        return self.engine.available_methods()[0]
+
+
+class TooLarge(QueryError):
+    pass
+
+
+def decode_upload(data: bytes, limits: ServeLimits) -> Image.Image:
+    """An uploaded image, decoded under the pixel cap; QueryError (-> 400/413) for anything else."""
+    if len(data) > limits.max_upload_bytes:
+        raise TooLarge(f"the upload has {len(data)} bytes; at most {limits.max_upload_bytes}")
+    if not data:
+        raise QueryError("the uploaded file is empty")
+    old = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = limits.max_pixels
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as im:
+                if im.width * im.height > limits.max_pixels:
+                    raise TooLarge(f"the image is {im.width} x {im.height} pixels; at most {limits.max_pixels}")
+                from PIL import ImageOps
+                return ImageOps.exif_transpose(im).convert("RGB")
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise TooLarge(f"the image has too many pixels ({exc})") from None
+    except (OSError, SyntaxError, ValueError) as exc:
+        if isinstance(exc, QueryError):
+            raise
+        raise QueryError(f"the upload is not a readable image ({type(exc).__name__})") from None
+    finally:
+        Image.MAX_IMAGE_PIXELS = old
+
+
+def parse_box(box: str | None) -> tuple[float, float, float, float] | None:
+    if box is None or not box.strip():
+        return None
+    try:
+        vals = [float(v) for v in box.split(",")]
+    except ValueError:
+        raise QueryError(f"box must be four numbers x0,y0,x1,y1, got {box!r}") from None
+    if len(vals) != 4 or not all(np.isfinite(vals)):
+        raise QueryError(f"box must be four finite numbers x0,y0,x1,y1, got {box!r}")
+    return tuple(vals)  # type: ignore[return-value]
+
+
+def parse_int(value, name: str) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError, OverflowError):
+        raise QueryError(f"{name} must be an integer, got {value!r}") from None
+
+
+def parse_float(value, name: str) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise QueryError(f"{name} must be a number, got {value!r}") from None
+    if not np.isfinite(v):
+        raise QueryError(f"{name} must be finite, got {value!r}")
+    return v

@@ -1,0 +1,86 @@
+"""The page, its assets, and the indexed images: GET /, /static/{name}, /images/{id}, /thumbnails/{id},
+/gallery. Plain handlers, run in the server's thread pool: a file read or a thumbnail never waits for a search
+(searches wait on the micro-batcher, holding no thread) and reads the image store through its own connection."""
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, JSONResponse, Response
+from PIL import Image
+
+from ..search.engine import NotFound, QueryError
+from .common import ServeState, parse_int
+
+STATIC = Path(__file__).resolve().parent / "static"
+THUMB_SIDE, THUMB_CACHE = 160, 4096
+
+
+def image_id(value: str) -> int:
+    if not value.isdigit() or len(value) > 18:
+        raise NotFound(f"no image with id {value!r}: images are addressed by their integer id")
+    return int(value)
+
+
+def thumbnail_png(path: Path) -> bytes:
+    from ..search.build import open_image
+    im = open_image(path)
+    im.thumbnail((THUMB_SIDE, THUMB_SIDE), Image.NEAREST if max(im.size) <= THUMB_SIDE else Image.BICUBIC)
+    if max(im.size) < THUMB_SIDE:  # tiny images (the world's 64 x 64) are scaled up, pixel-sharp
+        s = THUMB_SIDE / max(im.size)
+        im = im.resize((max(1, round(im.width * s)), max(1, round(im.height * s))), Image.NEAREST)
+    buf = io.BytesIO()
+    im.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def register(app: FastAPI, st: ServeState) -> None:
+    engine = st.engine
+
+    @app.get("/", include_in_schema=False)
+    def page():
+        return FileResponse(STATIC / "index.html", media_type="text/html")
+
+    @app.get("/static/{name}", include_in_schema=False)
+    def static(name: str):
+        files = {p.name: p for p in STATIC.iterdir() if p.is_file()}  # a fixed set: no client path is joined
+        if name not in files:
+            return JSONResponse({"error": "no such asset"}, status_code=404)
+        media = {".js": "text/javascript", ".css": "text/css", ".html": "text/html", ".svg": "image/svg+xml",
+                 ".png": "image/png"}.get(files[name].suffix, "application/octet-stream")
+        return FileResponse(files[name], media_type=media)
+
+    @app.get("/images/{image}")
+    def image(image: str):
+        path = engine.file(image_id(image))
+        return FileResponse(path, media_type=_mime(path))
+
+    @app.get("/thumbnails/{image}")
+    def thumbnail(image: str):
+        i = image_id(image)
+        data = st.thumbs.get(i)
+        if data is None:
+            try:
+                data = thumbnail_png(engine.file(i))
+            except ValueError as exc:
+                raise NotFound(f"image {i} cannot be read any more ({exc}); run `foco index update`") from None
+            st.thumbs[i] = data
+            while len(st.thumbs) > THUMB_CACHE:
+                st.thumbs.popitem(last=False)
+        return Response(data, media_type="image/png")
+
+    @app.get("/gallery")
+    def gallery(offset: str = "0", limit: str = "60"):
+        off, lim = parse_int(offset, "offset"), parse_int(limit, "limit")
+        if not 0 <= off <= 2 ** 62 or not 1 <= lim <= 500:
+            raise QueryError("offset must be >= 0 and limit between 1 and 500")
+        rows = engine.page(off, lim)
+        return {"total": engine.count(), "items": [{"id": r.id, "path": r.path, "width": r.width,
+                                                    "height": r.height, "thumbnail_url": f"/thumbnails/{r.id}"}
+                                                   for r in rows]}
+
+
+def _mime(path: Path) -> str:
+    return {".jpg": "image/jpeg", ".jpeg": "image/jpeg", ".png": "image/png", ".webp": "image/webp",
+            ".bmp": "image/bmp"}.get(path.suffix.lower(), "application/octet-stream")

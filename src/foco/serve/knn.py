@@ -1,0 +1,147 @@
+"""clip-retrieval's back-end API, so that its ClipClient (and tools built on it) can use a local `foco serve`.
+The specification is clip-retrieval's README and `clip_back.py`:
+
+    POST /knn-service   {text | image (base64) | embedding_input, modality, num_images, num_result_ids,
+                        indice_name, deduplicate} -> [{id, similarity, url, caption}, ...]
+    POST /metadata      {ids, indice_name} -> [{id, metadata: {url, caption}}, ...]
+    GET  /indices-list  ["foco"]
+
+As there: `num_result_ids` (default num_images) neighbours are searched; with `deduplicate`, a result whose
+stored vector has cosine >= 0.94 with a better-ranked kept result is dropped (clip-retrieval's connected
+components over that threshold); the first `num_images` results carry url and caption, the rest id and
+similarity only. Both counts are capped by `--max-knn`. A text with an image is a composed query (foco's own
+addition); `image_url` is refused (this server reaches no network); `modality` must be "image"; the safety,
+violence and aesthetic options have no model here and are refused when asked for.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+
+import numpy as np
+from fastapi import FastAPI, Request
+
+from ..search.engine import Hit, NotFound, Query, QueryError
+from .common import ServeState, decode_upload, parse_int
+
+INDEX_NAME = "foco"
+DEDUP_COSINE = 0.94  # clip-retrieval's threshold
+
+
+def dedup(hits: list[Hit], vectors: np.ndarray, threshold: float = DEDUP_COSINE) -> list[Hit]:
+    """`hits` in rank order without near-duplicates: a hit joins the component of any hit within `threshold`
+    cosine, and each component keeps its best-ranked member."""
+    n = len(hits)
+    parent = list(range(n))
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    sim = vectors @ vectors.T  # (n, n)
+    for i, j in zip(*np.nonzero(np.triu(sim >= threshold, 1))):
+        a, b = root(int(i)), root(int(j))
+        if a != b:
+            parent[max(a, b)] = min(a, b)  # the better rank is the root
+    return [h for i, h in enumerate(hits) if root(i) == i]
+
+
+def register(app: FastAPI, st: ServeState) -> None:
+    engine, limits = st.engine, st.limits
+
+    @app.get("/indices-list")
+    async def indices_list():
+        return [INDEX_NAME]
+
+    @app.post("/metadata")
+    async def metadata(request: Request):
+        body = await _json(request)
+        ids = body.get("ids")
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise QueryError("ids must be a list of integer ids")
+        _check_index(body)
+        if len(ids) > limits.max_knn:
+            raise QueryError(f"at most {limits.max_knn} ids per request, got {len(ids)}")
+        base = str(request.base_url).rstrip("/")
+        out = []
+        for i in ids:
+            row = engine.row(i) if 0 <= i < 2 ** 63 else None
+            if row is None:
+                raise NotFound(f"no image with id {i} in this index")
+            out.append({"id": i, "metadata": {"url": f"{base}/images/{i}", "caption": row.path}})
+        return out
+
+    @app.post("/knn-service")
+    async def knn_service(request: Request):
+        body = await _json(request)
+        num_images = parse_int(body.get("num_images", 40), "num_images")
+        num_ids = parse_int(body.get("num_result_ids", num_images), "num_result_ids")
+        if not 1 <= num_images <= limits.max_knn or not num_images <= num_ids <= limits.max_knn:
+            raise QueryError(f"num_images must be between 1 and {limits.max_knn}, and num_result_ids between "
+                             f"num_images and {limits.max_knn} (--max-knn)")
+        if body.get("modality", "image") != "image":
+            raise QueryError("this index holds images only: modality must be 'image'")
+        _check_index(body)
+        for option in ("use_safety_model", "use_violence_detector"):
+            if body.get(option):
+                raise QueryError(f"{option} has no model in foco serve; leave it false")
+        if body.get("aesthetic_score") not in (None, ""):
+            raise QueryError("aesthetic_score has no embeddings in foco serve; leave it out")
+        if body.get("image_url"):
+            raise QueryError("image_url is not fetched by this server (it reaches no network); send the image "
+                             "base64-encoded in 'image'")
+        text, image_b64, emb = body.get("text"), body.get("image"), body.get("embedding_input")
+        if text is not None and (not isinstance(text, str) or len(text) > limits.max_text_chars):
+            raise QueryError(f"text must be a string of at most {limits.max_text_chars} characters")
+        if emb is not None:
+            try:
+                vec = np.asarray(emb, dtype=np.float64)
+            except (TypeError, ValueError):
+                raise QueryError("embedding_input must be a list of numbers") from None
+            if vec.ndim != 1 or not np.all(np.isfinite(vec)):
+                raise QueryError("embedding_input must be a list of finite numbers")
+            hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
+        elif image_b64:
+            if not isinstance(image_b64, str):
+                raise QueryError("image must be a base64 string")
+            try:
+                data = base64.b64decode(image_b64, validate=False)
+            except (ValueError, TypeError, binascii.Error):
+                raise QueryError("image must be base64") from None
+            image = await st.on_cpu(decode_upload, data, limits)
+            if text:  # a composed query: what clip-retrieval cannot do
+                if num_ids > limits.max_k:
+                    raise QueryError(f"a composed query returns at most {limits.max_k} results (--max-k)")
+                hits = (await st.batcher.submit(Query(text=text, reference=image, method=st.default_method(),
+                                                      k=num_ids))).hits
+            else:
+                vec = (await st.on_cpu(engine._encode_image, image)).global_[0].numpy()
+                hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
+        elif text:
+            vec = (await st.on_cpu(engine.encode_text, text)).global_[0].numpy()
+            hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
+        else:
+            raise QueryError("give one of text, image (base64) or embedding_input")
+        if body.get("deduplicate") and len(hits) > 1:
+            hits = dedup(hits, await st.on_cpu(engine.store.vector_rows, [h.id for h in hits]))
+        base = str(request.base_url).rstrip("/")
+        return [({"id": h.id, "similarity": round(h.score, 6), "url": f"{base}/images/{h.id}", "caption": h.path}
+                 if r < num_images else {"id": h.id, "similarity": round(h.score, 6)}) for r, h in enumerate(hits)]
+
+
+async def _json(request: Request) -> dict:
+    try:
+        body = await request.json()
+    except Exception:
+        raise QueryError("the body must be JSON (clip-retrieval's request)") from None
+    if not isinstance(body, dict):
+        raise QueryError("the body must be a JSON object")
+    return body
+
+
+def _check_index(body: dict) -> None:
+    name = body.get("indice_name")
+    if name not in (None, "", INDEX_NAME):
+        raise NotFound(f"no index named {name!r} here; /indices-list gives [{INDEX_NAME!r}]")

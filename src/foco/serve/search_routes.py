@@ -1,0 +1,78 @@
+"""POST /search (a composed query, through the micro-batcher) and GET /attention/{token} (its heatmap).
+
+    POST /search   multipart form: reference_id | image (file), text, k, method, box "x0,y0,x1,y1", chord (lambda)
+                   -> {"results": [{id, path, score, image_url, thumbnail_url}], "attention_url", "method", "k",
+                   "reference_size", "elapsed_ms"}
+
+The form is read on the event loop (it is I/O); the upload is decoded and the heatmap PNG encoded in the CPU pool;
+the query waits for its batch's answer without holding a thread.
+"""
+from __future__ import annotations
+
+import io
+import time
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from PIL import Image
+
+from ..eval.figures import attention_overlay
+from ..search.engine import Query, QueryError
+from .common import ServeState, TooLarge, decode_upload, parse_box, parse_float, parse_int
+
+HEATMAP_SIDE = 256
+
+
+def register(app: FastAPI, st: ServeState) -> None:
+    engine, limits = st.engine, st.limits
+
+    @app.post("/search")
+    async def search(request: Request):
+        t0 = time.perf_counter()
+        size = int(request.headers.get("content-length") or 0)
+        if size > limits.max_upload_bytes + 64 * 1024:
+            raise TooLarge(f"the request has {size} bytes; uploads are capped at {limits.max_upload_bytes}")
+        try:
+            form = await request.form(max_files=1, max_fields=16)
+        except Exception as exc:  # malformed multipart, too many parts
+            raise QueryError(f"the request is not a valid form ({type(exc).__name__}: {exc})") from None
+        text = form.get("text")
+        if text is not None and not isinstance(text, str):
+            raise QueryError("text must be a form field, not a file")
+        upload = form.get("image")
+        ref_id = form.get("reference_id")
+        if upload is not None and not isinstance(upload, str) and getattr(upload, "filename", None) is not None:
+            data = await upload.read(limits.max_upload_bytes + 1)
+            reference = await st.on_cpu(decode_upload, data, limits)
+        elif ref_id not in (None, ""):
+            reference = parse_int(ref_id, "reference_id")
+        else:
+            raise QueryError("give a reference: reference_id (an indexed id) or image (an uploaded file)")
+        q = Query(text=text or "", reference=reference, method=str(form.get("method") or st.default_method()),
+                  k=parse_int(form.get("k") or 10, "k"), box=parse_box(form.get("box")),
+                  chord=parse_float(form.get("chord") or 0, "chord"))
+        answer = await st.batcher.submit(q)
+        token = None
+        if answer.attention is not None:
+            token = await st.on_cpu(_heatmap, st, reference, answer.attention)
+        return {"results": [{"id": h.id, "path": h.path, "score": round(h.score, 6), "image_url": f"/images/{h.id}",
+                             "thumbnail_url": f"/thumbnails/{h.id}"} for h in answer.hits],
+                "attention_url": f"/attention/{token}" if token else None, "method": q.method, "k": q.k,
+                "reference_size": list(answer.reference_size) if answer.reference_size else None,
+                "elapsed_ms": round(1000 * (time.perf_counter() - t0), 1)}
+
+    @app.get("/attention/{token}")
+    async def attention(token: str):
+        data = st.heatmaps.get(token)
+        if data is None:
+            return JSONResponse({"error": "no such heatmap (they are kept for the most recent searches only)"},
+                                status_code=404)
+        return Response(data, media_type="image/png")
+
+
+def _heatmap(st: ServeState, reference, attention) -> str:
+    from ..search.build import open_image
+    im = reference if isinstance(reference, Image.Image) else open_image(st.engine.file(int(reference)))
+    buf = io.BytesIO()
+    attention_overlay(im, attention, HEATMAP_SIDE).save(buf, format="PNG")
+    return st.heatmaps.put(buf.getvalue())
