@@ -32,6 +32,36 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 
 
+class RssSampler:
+    """Peaks of this process's anonymous and file-backed resident memory (RssAnon, RssFile), sampled every 20 ms:
+    VmHWM counts the page-cache pages a process maps (FAISS's mapped lists), which are shared and reclaimable; the
+    anonymous peak is the memory the job itself needs."""
+
+    def __init__(self):
+        import threading
+        self.anon = self.file = 0.0
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+
+    def _sample(self) -> None:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("RssAnon:"):
+                self.anon = max(self.anon, int(line.split()[1]) / 1024)
+            elif line.startswith("RssFile:"):
+                self.file = max(self.file, int(line.split()[1]) / 1024)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            self._sample()
+
+    def stop(self) -> dict:
+        self._stop.set()
+        self._t.join()
+        self._sample()
+        return {"peak_anon_mb": round(self.anon), "peak_file_mb": round(self.file)}
+
+
 def peak_mb() -> float:
     """This process's peak resident set (VmHWM): unlike getrusage's ru_maxrss, not inherited from the parent."""
     for line in Path("/proc/self/status").read_text().splitlines():
@@ -102,11 +132,13 @@ def child_build(a) -> dict:
     from foco.search.vectors import VectorConfig, build_faiss
     out = Path(a.out) / a.name
     out.mkdir(parents=True, exist_ok=True)
+    sampler = RssSampler()
     t0 = time.time()
     with ImageStore(Path(a.out) / "store" / "images.sqlite") as store:
         rec = build_faiss(store, out, VectorConfig(a.factory, ondisk=a.ondisk, train_size=a.train_size))
     files = {p.name: p.stat().st_size for p in out.iterdir() if p.is_file()}
     return {"build_s": round(time.time() - t0, 1), "build_peak_rss_mb": round(peak_mb()), "record": rec,
+            "build_rss": sampler.stop(),
             "index_bytes": sum(v for k, v in files.items() if k != "trained.faiss"), "files": files}
 
 
@@ -117,6 +149,7 @@ def child_search(a) -> dict:
     rec = json.loads((out / "build.json").read_text())["record"]
     q, truth = np.load(Path(a.out) / "queries.npy"), np.load(Path(a.out) / "truth.npy")
     base_rss = peak_mb()
+    sampler = RssSampler()
     index = load_vector_index(out / "vectors.faiss", ivf=rec["nlist"] is not None, ondisk=rec["ondisk"])
     res = {"load_peak_rss_mb": round(peak_mb()), "rss_before_load_mb": round(base_rss), "by_nprobe": []}
     store = ImageStore(Path(a.out) / "store" / "images.sqlite", readonly=True)
@@ -144,6 +177,7 @@ def child_search(a) -> dict:
                                      "single_ms_per_query": round(1000 * single, 3),
                                      "refine_ms_per_query": round(1000 * t_ref / len(q), 3)})
     res["search_peak_rss_mb"] = round(peak_mb())
+    res["search_rss"] = sampler.stop()
     return res
 
 
@@ -168,6 +202,7 @@ def child_old(a) -> dict:
         (folder / "filled").write_text("")
     sys.path.insert(0, os.environ["OLD_SRC"])
     from foco.search.vectors import build_vector_index, save_vector_index  # the old tree's
+    sampler = RssSampler()
     t0 = time.time()
     db = sqlite3.connect(db_path)
     rows = db.execute("SELECT id, vector FROM images ORDER BY id").fetchall()  # as the old ImageStore.vectors
@@ -175,7 +210,7 @@ def child_old(a) -> dict:
     vecs = np.frombuffer(b"".join(r[1] for r in rows), dtype=np.float32).reshape(len(rows), a.dim)
     index = build_vector_index(ids, vecs, a.factory, 100_000)
     save_vector_index(index, folder / "vectors.faiss")
-    return {"build_s": round(time.time() - t0, 1), "build_peak_rss_mb": round(peak_mb()),
+    return {"build_s": round(time.time() - t0, 1), "build_peak_rss_mb": round(peak_mb()), "build_rss": sampler.stop(),
             "index_bytes": (folder / "vectors.faiss").stat().st_size, "sqlite_bytes": db_path.stat().st_size,
             "faiss": faiss.__version__}
 
@@ -208,7 +243,7 @@ def main() -> None:
     p.add_argument("--nlist", type=int, default=1024, help="IVF lists of the IVF indexes")
     p.add_argument("--pq", type=int, default=64, help="PQ bytes per vector")
     p.add_argument("--nprobes", type=lambda v: [int(x) for x in v.split(",")], default=[8, 32, 64, 128])
-    p.add_argument("--refine", type=lambda v: [int(x) for x in v.split(",")], default=[4, 10],
+    p.add_argument("--refine", type=lambda v: [int(x) for x in v.split(",")], default=[10, 30, 100],
                    help="IVF-PQ: shortlist factors re-ranked exactly from the on-disk vectors")
     p.add_argument("--train-size", type=int, default=None)
     p.add_argument("--latency-queries", type=int, default=200)
@@ -240,21 +275,26 @@ def main() -> None:
         print(f"{name}: {json.dumps(results['configs'][name])}", file=sys.stderr)
     if os.environ.get("OLD_SRC"):
         results["old_ivf_pq"] = run_child(a, "old", "old", f"IVF{a.nlist},PQ{a.pq}")
+    elif (out / "old.json").is_file():  # an earlier run's old path, on the same store
+        results["old_ivf_pq"] = json.loads((out / "old.json").read_text())
+    if "old_ivf_pq" in results:
+        (out / "old.json").write_text(json.dumps(results["old_ivf_pq"]))
     (out / "index-scale.json").write_text(json.dumps(results, indent=2))
     fp32 = a.n * a.dim * 4
     print(f"\n{a.n:,} x {a.dim} clustered vectors ({a.components} components); fp32 matrix {fp32 / 1e9:.2f} GB\n")
-    print("| index | build | peak RSS (build) | on disk (index) | nprobe | re-rank | recall@10 | ms/query batched | "
-          "ms/query one at a time |")
+    print("| index | build | peak RSS (build): all, anonymous | on disk (index) | nprobe | re-rank | recall@10 | "
+          "ms/query batched | ms/query one at a time |")
     print("|---|---|---|---|---|---|---|---|---|")
     for name, c in results["configs"].items():
         for r in c["by_nprobe"]:
             print(f"| {c['factory']}{' on disk' if c['ondisk'] else ''} | {c['build_s']} s | "
-                  f"{c['build_peak_rss_mb']} MB | {c['index_bytes'] / 1e6:.0f} MB | {r['nprobe'] or '-'} | "
+                  f"{c['build_peak_rss_mb']}, {c['build_rss']['peak_anon_mb']} MB | {c['index_bytes'] / 1e6:.0f} MB | {r['nprobe'] or '-'} | "
                   f"{'x' + str(r['refine']) if r['refine'] else '-'} | {r['recall@10']:.3f} | "
                   f"{r['batched_ms_per_query'] + r['refine_ms_per_query']:.3f} | {r['single_ms_per_query']:.3f} |")
     if "old_ivf_pq" in results:
         o = results["old_ivf_pq"]
-        print(f"| old path, IVF{a.nlist},PQ{a.pq} (SQLite blobs) | {o['build_s']} s | {o['build_peak_rss_mb']} MB | "
+        print(f"| old path, IVF{a.nlist},PQ{a.pq} (SQLite blobs) | {o['build_s']} s | {o['build_peak_rss_mb']}, "
+              f"{o['build_rss']['peak_anon_mb']} MB | "
               f"{o['index_bytes'] / 1e6:.0f} MB | | | | | |")
 
 

@@ -128,3 +128,51 @@ def test_auto_chooses_by_the_written_rules():
     assert V.default_train_size("IVF65536,PQ64", 10**9, 768) == V.MAX_TRAIN_BYTES // (4 * 768)
     with pytest.raises(ValueError, match="--max-index-memory"):
         V.parse_bytes("lots")
+
+
+def test_growth_is_reported_by_the_stated_rules():
+    assert V.growth({"count": 3000, "nlist": 16, "trained_on": 1000, "trained_count": 3000}) is None
+    msg = V.growth({"count": 200_000, "nlist": 16, "trained_on": 1000, "trained_count": 3000})
+    assert "16 lists" not in msg and "66.7x the 3000" in msg and "--retrain" in msg  # 16 < 2 sqrt(3000) already
+    msg = V.growth({"count": 11_000, "nlist": 256, "trained_on": 9000, "trained_count": 9000})
+    assert msg is None  # 256 >= 2 sqrt(11000) = 210
+    msg = V.growth({"count": 30_000, "nlist": 256, "trained_on": 9000, "trained_count": 9000})
+    assert "256 lists for 30000 vectors" in msg and "x the" not in msg
+    assert V.growth({"count": 200_000, "nlist": None, "trained_on": 0, "trained_count": 3000}) is None  # Flat
+
+
+def test_the_cli_builds_updates_and_retrains_an_ivf_index(tiny_world, tmp_path, capsys):
+    import shutil
+    from foco.cli import main
+    src = sorted((tiny_world / "images" / "test-single").glob("*.png"))
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for p in src[:300]:
+        shutil.copy2(p, photos / p.name)
+    out = tmp_path / "index"
+    assert main(["index", "build", "--images", str(photos), "--backbone", "world:pretrained", "--out", str(out),
+                 "--index-type", "IVF4,Flat", "--train-size", "200"]) == 0
+    trained = (out / "trained.faiss").read_bytes()
+    for p in src[300:]:
+        shutil.copy2(p, photos / p.name)
+    (photos / src[0].name).unlink()
+    assert main(["index", "update", str(out)]) == 0
+    assert (out / "trained.faiss").read_bytes() == trained  # added to, not retrained
+    import json
+    meta = json.loads((out / "index.json").read_text())
+    assert meta["count"] == len(src) - 1 and meta["vectors"]["count"] == len(src) - 1
+    assert meta["vectors"]["trained_on"] == 200 and meta["vectors"]["factory"] == "IVF4,Flat"
+    capsys.readouterr()
+    assert main(["search", "--index", str(out), "--reference", "2", "--text", "a star", "--method", "sum",
+                 "-k", "3", "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 3
+    assert main(["index", "update", str(out), "--retrain"]) == 0
+    assert json.loads((out / "index.json").read_text())["vectors"]["trained_count"] == len(src) - 1
+    auto = tmp_path / "auto"
+    assert main(["index", "build", "--images", str(photos), "--backbone", "world:pretrained", "--out", str(auto),
+                 "--index-type", "auto", "--max-index-memory", "1GB"]) == 0
+    assert json.loads((auto / "index.json").read_text())["vectors"]["factory"] == "Flat"
+    with pytest.raises(SystemExit):  # argparse names the flag
+        main(["index", "build", "--images", str(photos), "--backbone", "world:pretrained", "--out",
+              str(tmp_path / "x"), "--max-index-memory", "lots"])
+    assert "--max-index-memory 'lots': give a size such as 4GB" in capsys.readouterr().err

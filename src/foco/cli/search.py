@@ -13,7 +13,7 @@ def _index_build(a: argparse.Namespace) -> int:
     from ..search.build import IndexConfig, build_index
     cfg = IndexConfig(images=a.images, backbone=a.backbone, index_type=a.index_type, with_patches=a.with_patches,
                       precision=a.precision, batch_size=a.batch_size, train_size=a.train_size,
-                      max_index_memory=a.max_index_memory, ondisk=a.ondisk)
+                      max_index_memory=a.max_index_memory, ondisk=a.ondisk, refine=a.refine)
     _report(build_index(cfg, a.out, device=_device(a)), a.out)
     return 0
 
@@ -149,6 +149,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the memory budget of --index-type auto, e.g. 4GB or 512MB")
     b.add_argument("--train-size", type=positive_int, default=None,
                    help="vectors to train an IVF or PQ index on (default: 64 per list, at least 9,984 for PQ)")
+    b.add_argument("--refine", type=positive_int, default=None,
+                   help="PQ indexes: search refine x k candidates and re-rank them by the exact stored vectors "
+                        "(default 10; docs/benchmarks.md gives recall against it)")
     b.add_argument("--ondisk", action="store_true",
                    help="IVF indexes: inverted lists in a file beside the index, memory-mapped (FAISS merge_ondisk)")
     b.add_argument("--with-patches", action="store_true",

@@ -1,4 +1,4 @@
-"""The per-image features of an index, on disk: append-only arrays read through read-only memory maps.
+"""The per-image features of an index, on disk: append-only arrays, read by row.
 
     INDEX/vectors/shard-00000.f32    global features: raw little-endian float32, (rows, D) row-major
     INDEX/patches/shard-00000.f16    with --with-patches: FoCo's patch features, raw float16, (rows, P, D)
@@ -7,9 +7,9 @@ Image row `slot` s lies in shard s // SHARD_ROWS at row s % SHARD_ROWS; the SQLi
 each image's slot and the next free one. A batch is written and flushed (fsync) before the transaction that
 records its slots commits, so a killed build leaves at most rows past the committed end, which `truncate` cuts
 back when the index is next opened for writing. Slots of removed images are never reused (their rows are dead
-bytes until the index is rebuilt into a new folder). Readers map each shard once (numpy memmap) and copy out only
-the rows asked for: nothing is loaded whole, and the pages stay in the kernel's page cache, shared by every
-server process over the same index.
+bytes until the index is rebuilt into a new folder). Readers copy out only the rows asked for, with positioned
+reads (pread) of one descriptor per shard: nothing is loaded whole or mapped, and the pages stay in the kernel's page
+cache, shared by every server process over the same index.
 """
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ class FeatureArrays:
         self.shard_rows = shard_rows
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
         self.suffix = {np.dtype("float32"): ".f32", np.dtype("float16"): ".f16"}[self.dtype]
-        self._maps: dict[int, np.memmap] = {}
+        self._fds: dict[int, int] = {}  # shard -> a read-only descriptor
 
     def _path(self, shard: int) -> Path:
         return self.folder / f"shard-{shard:05d}{self.suffix}"
@@ -52,14 +52,12 @@ class FeatureArrays:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            self._maps.pop(shard, None)  # a map of the old length must not be read past its end
             s, done = s + n, done + n
 
     def truncate(self, n_slots: int) -> None:
         """Cuts every shard back to the rows below slot `n_slots` (what the store committed)."""
         if not self.folder.is_dir():
             return
-        self._maps.clear()
         for path in sorted(self.folder.glob(f"shard-*{self.suffix}")):
             shard = int(path.stem.split("-")[1])
             keep = min(max(n_slots - shard * self.shard_rows, 0), self.shard_rows) * self.row_bytes
@@ -69,35 +67,54 @@ class FeatureArrays:
                 os.truncate(path, keep)
 
     # --- reading ----------------------------------------------------------------------------------------------
-    def _map(self, shard: int) -> np.memmap:
-        m = self._maps.get(shard)
-        if m is None:
+    def _fd(self, shard: int) -> int:
+        fd = self._fds.get(shard)
+        if fd is None:
             path = self._path(shard)
             if not path.is_file():
                 raise FileNotFoundError(f"{path} is missing: rebuild the index with `foco index build` into a new "
                                         "--out")
-            rows = path.stat().st_size // self.row_bytes
-            m = self._maps[shard] = np.memmap(path, dtype=self.dtype, mode="r", shape=(rows, *self.row_shape))
-        return m
+            fd = self._fds[shard] = os.open(path, os.O_RDONLY)
+        return fd
 
     def read(self, slots) -> np.ndarray:
-        """Rows at `slots` (n,) -> (n, *row_shape), in the order of `slots`."""
+        """Rows at `slots` (n,) -> (n, *row_shape), in the order of `slots`. Each run of consecutive slots is one
+        positioned read (pread) into the output: the rows come from the kernel's page cache, shared by every
+        process reading the index, and nothing of the file is mapped into this process (a build that reads every
+        row once does not end up holding them all in its resident set)."""
         slots = np.asarray(slots, dtype=np.int64).reshape(-1)
         out = np.empty((len(slots), *self.row_shape), dtype=self.dtype)
-        shard = slots // self.shard_rows
-        for s in np.unique(shard).tolist():
-            sel = np.nonzero(shard == s)[0]
-            local = slots[sel] - s * self.shard_rows
-            m = self._map(int(s))
-            if len(local) and int(local.max()) >= m.shape[0]:
-                raise ValueError(f"{self._path(int(s))} holds {m.shape[0]} rows, slot {int(slots[sel].max())} is "
-                                 "past its end: the index is damaged; rebuild it with `foco index build` into a new "
-                                 "--out")
-            out[sel] = m[local]
+        if not len(slots):
+            return out
+        order = np.argsort(slots, kind="stable")
+        s = slots[order]
+        flat = out.reshape(len(slots), -1).view(np.uint8).reshape(len(slots), self.row_bytes)
+        cuts = np.nonzero((np.diff(s) != 1) | (np.diff(s // self.shard_rows) != 0))[0] + 1
+        for lo, hi in zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(s)]]).tolist()):
+            shard, at = divmod(int(s[lo]), self.shard_rows)
+            want = (hi - lo) * self.row_bytes
+            data = os.pread(self._fd(shard), want, at * self.row_bytes)
+            if len(data) != want:
+                raise ValueError(f"{self._path(shard)} ends before slot {int(s[hi - 1])}: the index is damaged; "
+                                 "rebuild it with `foco index build` into a new --out")
+            rows = np.frombuffer(data, dtype=np.uint8).reshape(hi - lo, self.row_bytes)
+            dest = order[lo:hi]
+            if hi - lo == 1 or np.all(np.diff(dest) == 1):
+                flat[dest[0]:dest[0] + hi - lo] = rows
+            else:
+                flat[dest] = rows
         return out
 
     def nbytes(self) -> int:
         return sum(p.stat().st_size for p in self.folder.glob(f"shard-*{self.suffix}")) if self.folder.is_dir() else 0
 
     def close(self) -> None:
-        self._maps.clear()
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass

@@ -60,6 +60,7 @@ class IndexConfig:
     max_index_memory: str = "4GB"  # the budget of --index-type auto
     ondisk: bool = False  # IVF: inverted lists on disk, memory-mapped
     retrain: bool = False  # train the vector index again instead of adding to it
+    refine: int | None = None  # PQ indexes: the exact re-rank's shortlist factor (None: vectors.REFINE_PQ)
 
 
 @dataclass
@@ -196,7 +197,7 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
 
 def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | None) -> dict:
     """Trains and fills the vector index, or brings it up to date without retraining."""
-    vcfg = VectorConfig(cfg.index_type, cfg.max_index_memory, cfg.train_size, cfg.ondisk)
+    vcfg = VectorConfig(cfg.index_type, cfg.max_index_memory, cfg.train_size, cfg.ondisk, cfg.refine)
     fresh = (have is None or cfg.retrain or not (out / "vectors.faiss").is_file()
              or not (out / "trained.faiss").is_file()
              or (cfg.index_type not in ("auto", have["factory"])) or bool(cfg.ondisk) != bool(have.get("ondisk")))
@@ -236,5 +237,5 @@ def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: b
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
                       with_patches=meta["with_patches"], precision=meta["precision"],
                       train_size=meta.get("train_size"), max_index_memory=meta.get("max_index_memory", "4GB"),
-                      ondisk=bool(vec.get("ondisk")), retrain=retrain)
+                      ondisk=bool(vec.get("ondisk")), retrain=retrain, refine=vec.get("refine"))
     return build_index(cfg, out, backbone, device=device)

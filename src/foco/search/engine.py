@@ -12,7 +12,7 @@ gallery, and Chord (lambda > 0) rescores a shortlist. A box on the reference is 
 forward and one FAISS search per method, each query answered as it would be alone. Features are read from the
 index's memory-mapped arrays; the image store gives each thread its own read-only SQLite connection, so lookups
 (a thumbnail, a gallery page) never wait for a search. A PQ index's results are re-ranked exactly from the stored
-vectors (a shortlist of REFINE x k).
+vectors (a shortlist of refine x k, recorded with the index).
 """
 from __future__ import annotations
 
@@ -37,7 +37,6 @@ from .vectors import load_vector_index, search_vectors, set_search_params
 DEFAULT_BOX_BETA = -8.0  # chosen on the ambiguous world benchmark's val split (docs/benchmarks.md)
 CHORD_SHORTLIST = 200
 SEARCH_NPROBE, SEARCH_EF = 32, 128  # IVF lists probed, HNSW's efSearch (experiments/bench_faiss.py: recall vs time)
-REFINE = 4  # a PQ index's shortlist is this many times k, re-ranked by the exact stored vectors
 
 
 class QueryError(ValueError):
@@ -90,7 +89,7 @@ class SearchEngine:
         self.options, self.limits, self.box_beta = options, limits, box_beta
         self.dim = int(meta["dim"])
         self.store = ImageStore(folder / "images.sqlite", readonly=True)  # a connection per thread, no lock
-        self.refine = REFINE if (meta.get("vectors") or {}).get("refine") else 0
+        self.refine = int((meta.get("vectors") or {}).get("refine") or 0)  # PQ: shortlist factor, re-ranked exactly
         self._lock = threading.RLock()  # the model's forward, one at a time
         self._methods: dict[str, object] = {}
 

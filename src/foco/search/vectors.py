@@ -30,7 +30,8 @@ applies; autofaiss itself pins numpy < 2 and does not install beside foco's depe
 2. fewer than 10,000 vectors, or an exact index that fits the budget with N <= 1M: Flat;
 3. else IVF{nlist},Flat when N x (4 D + 8) bytes fit;
 4. else IVF{nlist},PQ{m} with the largest m in 64, 48, 32, 24, 16, 8 that divides D and whose N x (m + 8) bytes
-   fit; a PQ index is searched with an exact re-rank of a shortlist from the arrays (`refine`).
+   fit; a PQ index is searched with an exact re-rank of a shortlist of refine x k from the arrays (FAISS's refine
+   step, done from disk: `--refine`, REFINE_PQ by default).
 """
 from __future__ import annotations
 
@@ -49,6 +50,7 @@ from ..utils.progress import Bar
 ADD_CHUNK = 1 << 16  # vectors read from the arrays per add: 0.2 GB at 768-d float32 (larger adds are no faster)
 MAX_TRAIN_BYTES = 2 << 30  # a default training sample never holds more than this
 PQ_MS = (64, 48, 32, 24, 16, 8)
+REFINE_PQ = 10  # a PQ index's default shortlist factor (docs/benchmarks.md: recall against it on clustered vectors)
 
 
 def _faiss():
@@ -113,6 +115,7 @@ class VectorConfig:
     max_index_memory: str = "4GB"  # the budget of "auto"
     train_size: int | None = None  # None: default_train_size
     ondisk: bool = False  # IVF: inverted lists in a file beside the index, memory-mapped
+    refine: int | None = None  # PQ: re-rank refine x k FAISS results by the exact stored vectors (None: REFINE_PQ)
     seed: int = 0
 
 
@@ -249,7 +252,8 @@ def build_faiss(store, out: str | Path, cfg: VectorConfig) -> dict:
     store.clear_removed()
     return {"factory": factory, "why": why, "trained_on": trained_on, "trained_count": n, "train_s": round(train_s, 2),
             "ondisk": bool(cfg.ondisk), "lists": lists, "max_id": max_id, "count": n,
-            "nlist": int(_ivf(base).nlist) if _ivf(base) is not None else None, "refine": _is_pq(factory)}
+            "nlist": int(_ivf(base).nlist) if _ivf(base) is not None else None,
+            "refine": (REFINE_PQ if cfg.refine is None else cfg.refine) if _is_pq(factory) else (cfg.refine or 0)}
 
 
 def _max_id(store) -> int:
@@ -290,14 +294,17 @@ def update_faiss(store, out: str | Path, vec: dict) -> dict:
 
 
 def growth(vec: dict) -> str | None:
-    """Whether the collection has outgrown what the index was trained for: an IVF index whose nlist has fallen
-    below FAISS's guideline of 4 sqrt(N) lists (its lists grow long and search slows), or any trained index that
-    now holds more than 4x the vectors it was trained with. None when neither."""
+    """Whether the collection has outgrown what the index was trained for, measured against the count it held when
+    it was trained: more than 4x that count, or an IVF index whose nlist met FAISS's guideline of 4-16 sqrt(N)
+    lists then (with a factor 2 of slack for the rounding to a power of two: nlist >= 2 sqrt(N)) and no longer
+    does (its lists grow long and search slows). None when neither."""
     n, nlist, base = int(vec["count"]), vec.get("nlist"), int(vec.get("trained_count") or 0)
+    if not vec.get("trained_on") or not base:
+        return None  # Flat and HNSW learn nothing from the data
     why = []
-    if nlist and nlist < 4 * math.sqrt(n) / 2:  # a factor 2 of slack: nlist was rounded to a power of two
+    if nlist and nlist >= 2 * math.sqrt(base) and nlist < 2 * math.sqrt(n):
         why.append(f"{nlist} lists for {n} vectors, under FAISS's 4 sqrt(N) = {4 * math.sqrt(n):.0f}")
-    if vec.get("trained_on") and base and n > 4 * base:
+    if n > 4 * base:
         why.append(f"{n} vectors, {n / base:.1f}x the {base} it was trained with")
     return ("; ".join(why) + "; rebuild it with `foco index update --retrain`") if why else None
 
