@@ -294,7 +294,7 @@ def main() -> None:
     if "old_ivf_pq" in results:
         o = results["old_ivf_pq"]
         print(f"| old path, IVF{a.nlist},PQ{a.pq} (SQLite blobs) | {o['build_s']} s | {o['build_peak_rss_mb']}, "
-              f"{o['build_rss']['peak_anon_mb']} MB | "
+              f"{o.get('build_rss', {}).get('peak_anon_mb', '-')} MB | "
               f"{o['index_bytes'] / 1e6:.0f} MB | | | | | |")
 
 

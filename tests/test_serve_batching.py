@@ -162,3 +162,21 @@ def test_dedup_keeps_the_best_ranked_of_each_near_duplicate_group():
     v /= np.linalg.norm(v, axis=1, keepdims=True)
     hits = [Hit(i, str(i), 1.0 - i / 10) for i in range(5)]
     assert [h.id for h in dedup(hits, v)] == [0, 2, 3]
+
+
+def test_a_chunked_body_past_the_cap_is_refused_as_it_streams(engine):
+    from fastapi.testclient import TestClient
+    c = TestClient(create_app(engine, ServeLimits(max_upload_bytes=100_000)))
+
+    def chunks(head=b""):
+        yield head
+        for _ in range(40):
+            yield b"x" * 10_000
+    part = b'--b\r\nContent-Disposition: form-data; name="image"; filename="a.png"\r\nContent-Type: image/png\r\n\r\n'
+    r = c.post("/search", content=chunks(part), headers={"content-type": "multipart/form-data; boundary=b"})
+    assert r.status_code == 413 and "capped" in r.json()["error"]
+    r = c.post("/knn-service", content=chunks(), headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert c.post("/search", files={"box": ("b.txt", b"0,0,1,1")},
+                  data={"reference_id": "3", "text": "x", "method": "foco"}).status_code == 400
+    assert c.get("/healthz").status_code == 200

@@ -151,7 +151,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="vectors to train an IVF or PQ index on (default: 64 per list, at least 9,984 for PQ)")
     b.add_argument("--refine", type=positive_int, default=None,
                    help="PQ indexes: search refine x k candidates and re-rank them by the exact stored vectors "
-                        "(default 10; docs/benchmarks.md gives recall against it)")
+                        "(default 30; docs/benchmarks.md gives recall against it)")
     b.add_argument("--ondisk", action="store_true",
                    help="IVF indexes: inverted lists in a file beside the index, memory-mapped (FAISS merge_ondisk)")
     b.add_argument("--with-patches", action="store_true",

@@ -14,6 +14,7 @@ cache, shared by every server process over the same index.
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +31,7 @@ class FeatureArrays:
         self.row_bytes = int(np.prod(self.row_shape, dtype=np.int64)) * self.dtype.itemsize
         self.suffix = {np.dtype("float32"): ".f32", np.dtype("float16"): ".f16"}[self.dtype]
         self._fds: dict[int, int] = {}  # shard -> a read-only descriptor
+        self._lock = threading.Lock()
 
     def _path(self, shard: int) -> Path:
         return self.folder / f"shard-{shard:05d}{self.suffix}"
@@ -48,7 +50,12 @@ class FeatureArrays:
             path = self._path(shard)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
-                os.pwrite(fd, rows[done:done + n].tobytes(), at * self.row_bytes)
+                data, offset = memoryview(rows[done:done + n].tobytes()), at * self.row_bytes
+                while data:  # pwrite may write less (a call's 2 GiB cap, a full disk): write the rest, or fail
+                    written = os.pwrite(fd, data, offset)
+                    if written <= 0:
+                        raise OSError(f"cannot write {path}: no space written")
+                    data, offset = data[written:], offset + written
                 os.fsync(fd)
             finally:
                 os.close(fd)
@@ -70,11 +77,14 @@ class FeatureArrays:
     def _fd(self, shard: int) -> int:
         fd = self._fds.get(shard)
         if fd is None:
-            path = self._path(shard)
-            if not path.is_file():
-                raise FileNotFoundError(f"{path} is missing: rebuild the index with `foco index build` into a new "
-                                        "--out")
-            fd = self._fds[shard] = os.open(path, os.O_RDONLY)
+            with self._lock:  # server threads may open a shard at once: one descriptor each
+                fd = self._fds.get(shard)
+                if fd is None:
+                    path = self._path(shard)
+                    if not path.is_file():
+                        raise FileNotFoundError(f"{path} is missing: rebuild the index with `foco index build` into "
+                                                "a new --out")
+                    fd = self._fds[shard] = os.open(path, os.O_RDONLY)
         return fd
 
     def read(self, slots) -> np.ndarray:

@@ -24,6 +24,7 @@ and the FAISS index is trained on a sample and filled a chunk at a time from the
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -40,7 +41,7 @@ from ..utils.io import atomic_write_text, read_json, sha256_file
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
 from .store import ImageRow, ImageStore
-from .vectors import VectorConfig, build_faiss, update_faiss
+from .vectors import VectorConfig, build_faiss, resolve_refine, update_faiss
 
 log = logging.getLogger(__name__)
 EXTENSIONS = {".jpg", ".jpeg", ".png", ".webp", ".bmp"}
@@ -137,8 +138,28 @@ def build_index(cfg: IndexConfig, out: str | Path, backbone=None, precomputed: d
     if not root.is_dir():
         raise FileNotFoundError(f"--images {root} is not a folder")
     meta = _check_config(out, cfg)
-    previous = read_json(out / "index.json").get("vectors") if (out / "index.json").is_file() else None
     out.mkdir(parents=True, exist_ok=True)
+    with _exclusive(out):
+        return _build(cfg, out, meta, backbone, precomputed, device, root)
+
+
+@contextlib.contextmanager
+def _exclusive(out: Path):
+    """One writer per index: a second build or update of the same folder is refused while this one runs."""
+    import fcntl
+    fd = os.open(out / ".lock", os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ValueError(f"{out} is being built or updated by another job; wait for it to finish") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, device: str, root: Path) -> IndexStats:
+    previous = read_json(out / "index.json").get("vectors") if (out / "index.json").is_file() else None
     atomic_write_text(out / "index.json", json.dumps({**meta, "building": True, "vectors": previous}, indent=2) + "\n")
     t0 = time.time()
     files = walk_images(root)
@@ -205,7 +226,10 @@ def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | N
         return {"factory": None, "count": 0, "max_id": 0}
     if fresh or have.get("factory") is None:
         return build_faiss(store, out, vcfg)
-    return update_faiss(store, out, have)
+    rec = update_faiss(store, out, have)
+    if cfg.refine is not None:  # a search-time setting: recorded, nothing to rebuild
+        rec.update(refine=resolve_refine(rec["factory"], cfg.refine), refine_asked=cfg.refine)
+    return rec
 
 
 def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Path, cfg: IndexConfig,
@@ -237,5 +261,5 @@ def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: b
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
                       with_patches=meta["with_patches"], precision=meta["precision"],
                       train_size=meta.get("train_size"), max_index_memory=meta.get("max_index_memory", "4GB"),
-                      ondisk=bool(vec.get("ondisk")), retrain=retrain, refine=vec.get("refine"))
+                      ondisk=bool(vec.get("ondisk")), retrain=retrain, refine=vec.get("refine_asked"))
     return build_index(cfg, out, backbone, device=device)

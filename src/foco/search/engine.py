@@ -231,7 +231,11 @@ class SearchEngine:
                     if stored is not None:
                         patches[i] = torch.from_numpy(stored)
                     else:
-                        encode.append((i, open_image(self.file(row.id))))
+                        try:
+                            encode.append((i, open_image(self.file(row.id))))
+                        except ValueError as exc:  # the file changed into something unreadable since it was indexed
+                            raise NotFound(f"image {row.id} cannot be read any more ({exc}); run `foco index "
+                                           "update`") from None
             except QueryError as exc:
                 out[i] = exc
         if encode:
@@ -318,8 +322,10 @@ class SearchEngine:
         PQ index) or by Chord (lambda > 0)."""
         keep = (ids >= 0) & (ids != (exclude if exclude is not None else -2))
         scores, ids = scores[keep], ids[keep]
+        slots = self.store.slots(ids)  # an id an update removed after this server loaded its index: left out
+        scores, ids, slots = scores[slots >= 0], ids[slots >= 0], slots[slots >= 0]
         if (self.refine or chord > 0) and len(ids):
-            vecs = torch.from_numpy(self.store.vector_rows(ids))  # (n, D) the stored vectors, exact values
+            vecs = torch.from_numpy(self.store.vectors.read(slots))  # (n, D) the stored vectors, exact values
             if chord > 0 and reference is not None:
                 from ..eval.chord import chord_scores_candidates
                 s = chord_scores_candidates(query, vecs[None], reference, chord)[0].numpy()
@@ -328,7 +334,10 @@ class SearchEngine:
             order = np.argsort(-s, kind="stable")
             scores, ids = s[order], ids[order]
         out = []
-        for s, i in zip(scores[:k].tolist(), ids[:k].tolist()):
+        for s, i in zip(scores.tolist(), ids.tolist()):
             r = self.store.row(int(i))
-            out.append(Hit(int(i), r.path if r else "?", float(s)))
+            if r is not None:
+                out.append(Hit(int(i), r.path, float(s)))
+            if len(out) == k:
+                break
         return out

@@ -50,7 +50,7 @@ from ..utils.progress import Bar
 ADD_CHUNK = 1 << 16  # vectors read from the arrays per add: 0.2 GB at 768-d float32 (larger adds are no faster)
 MAX_TRAIN_BYTES = 2 << 30  # a default training sample never holds more than this
 PQ_MS = (64, 48, 32, 24, 16, 8)
-REFINE_PQ = 10  # a PQ index's default shortlist factor (docs/benchmarks.md: recall against it on clustered vectors)
+REFINE_PQ = 30  # a PQ index's default shortlist factor: recall@10 0.95 at 1M clustered vectors (docs/benchmarks.md)
 
 
 def _faiss():
@@ -178,9 +178,10 @@ def _add_all(index, store, since_id: int = 0, bar_label: str = "adding vectors")
 
 
 def _wrap(base):
-    """IVF indexes keep ids in their lists; the others get an IndexIDMap2."""
+    """IVF indexes keep ids in their lists; the others get an IndexIDMap (not IDMap2: its reverse map, which only
+    `reconstruct` needs, would cost every server process 60 bytes an id)."""
     faiss = _faiss()
-    return base if _ivf(base) is not None else faiss.IndexIDMap2(base)
+    return base if _ivf(base) is not None else faiss.IndexIDMap(base)
 
 
 def _write(index, out: Path, name: str = "vectors.faiss") -> None:
@@ -190,7 +191,7 @@ def _write(index, out: Path, name: str = "vectors.faiss") -> None:
     os.replace(tmp, out / name)
 
 
-def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str:
+def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str | None:
     """Adds every row to on-disk inverted lists, a chunk at a time (module docstring); returns the lists' file."""
     faiss = _faiss()
     from faiss.contrib.ondisk import merge_ondisk
@@ -207,13 +208,12 @@ def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str:
         del block
         bar.update(len(ids))
     bar.close()
-    lists = f"lists-{time.time_ns()}.ivfdata"
     index = faiss.clone_index(trained)
+    lists = None
     if names:
+        lists = f"lists-{time.time_ns()}.ivfdata"
         merge_ondisk(index, names, str(out / lists))
-    else:
-        ivf = _ivf(index)
-        ivf.replace_invlists(faiss.OnDiskInvertedLists(ivf.nlist, ivf.code_size, str(out / lists)), True)
+    # no rows: the empty index keeps in-memory lists (nothing to put on disk), and loads the same way
     _write(index, out)
     shutil.rmtree(blocks, ignore_errors=True)
     for old in out.glob("lists-*.ivfdata"):  # the lists the previous index file referred to
@@ -241,7 +241,7 @@ def build_faiss(store, out: str | Path, cfg: VectorConfig) -> dict:
     trained_on = _train(base, factory, store, n, cfg)
     train_s = time.time() - t0
     index = _wrap(base)
-    _write(index, out, "trained.faiss")
+    trained = faiss.clone_index(index)
     max_id = _max_id(store)
     if cfg.ondisk:
         lists = _write_ondisk(index, store, out)
@@ -249,11 +249,18 @@ def build_faiss(store, out: str | Path, cfg: VectorConfig) -> dict:
         _add_all(index, store)
         _write(index, out)
         lists = None
+    _write(trained, out, "trained.faiss")  # after the index: an update never pairs a new quantizer with old lists
     store.clear_removed()
     return {"factory": factory, "why": why, "trained_on": trained_on, "trained_count": n, "train_s": round(train_s, 2),
             "ondisk": bool(cfg.ondisk), "lists": lists, "max_id": max_id, "count": n,
             "nlist": int(_ivf(base).nlist) if _ivf(base) is not None else None,
-            "refine": (REFINE_PQ if cfg.refine is None else cfg.refine) if _is_pq(factory) else (cfg.refine or 0)}
+            "refine": resolve_refine(factory, cfg.refine), "refine_asked": cfg.refine}
+
+
+def resolve_refine(factory: str, asked: int | None) -> int:
+    """The shortlist factor of the exact re-rank: what was asked, else REFINE_PQ for a PQ index and 0 (none) for an
+    exact one."""
+    return asked if asked is not None else (REFINE_PQ if _is_pq(factory) else 0)
 
 
 def _max_id(store) -> int:
@@ -272,7 +279,7 @@ def update_faiss(store, out: str | Path, vec: dict) -> dict:
     since = int(vec["max_id"])
     if vec.get("ondisk"):
         lists = _write_ondisk(trained, store, out)  # every live row, through the trained quantizer
-    elif "HNSW" in vec["factory"]:
+    elif _ivf(trained) is None:  # HNSW (or Flat): no removal in FAISS's HNSW, and nothing to train
         index = faiss.clone_index(trained)
         _add_all(index, store)
         _write(index, out)

@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover
 from ..search.engine import NotFound, QueryError, SearchEngine
 from . import health, images, knn, search_routes
 from .batcher import MicroBatcher
-from .common import Heatmaps, ServeLimits, ServeState, TooLarge, decode_upload  # noqa: F401 (the public names)
+from .common import BodyLimit, Heatmaps, ServeLimits, ServeState, TooLarge, body_cap, decode_upload  # noqa: F401
 
 ENV = "FOCO_SERVE"
 
@@ -72,6 +72,7 @@ def create_app(engine: SearchEngine, limits: ServeLimits = ServeLimits(), heatma
 
     for module in (health, images, search_routes, knn):
         module.register(app, st)
+    app.add_middleware(BodyLimit, cap=body_cap(limits))
     return app
 
 

@@ -88,8 +88,13 @@ class Heatmaps:
         tmp = self.folder / f".{token}.tmp"
         tmp.write_bytes(data)
         os.replace(tmp, self.folder / f"{token}.png")
-        files = sorted(self.folder.glob("*.png"), key=lambda p: p.stat().st_mtime_ns)
-        for old in files[:-self.keep]:
+        files = []
+        for p in self.folder.glob("*.png"):
+            try:
+                files.append((p.stat().st_mtime_ns, p))
+            except FileNotFoundError:  # another worker removed it meanwhile
+                pass
+        for _, old in sorted(files)[:-self.keep]:
             old.unlink(missing_ok=True)
         return token
 
@@ -126,6 +131,50 @@ class TooLarge(QueryError):
     pass
 
 
+class BodyLimit:
+    """ASGI middleware: a request body (chunked or not) larger than `cap` bytes stops with TooLarge (-> 413) as
+    it streams in, before anything spools it to memory or disk."""
+
+    def __init__(self, app, cap: int):
+        self.app, self.cap = app, cap
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.cap:
+                    raise TooLarge(f"the request body passed {self.cap} bytes; uploads are capped (--max-upload-mb)")
+            return message
+
+        await self.app(scope, limited, send)
+
+
+def too_large_in(exc: BaseException) -> "TooLarge | None":
+    """The TooLarge that BodyLimit raised under `exc`, where a parser or a task group wrapped it."""
+    seen = set()
+    todo = [exc]
+    while todo:
+        e = todo.pop()
+        if id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(e, TooLarge):
+            return e
+        todo += list(getattr(e, "exceptions", ())) + [x for x in (e.__cause__, e.__context__) if x is not None]
+    return None
+
+
+def body_cap(limits: ServeLimits) -> int:
+    """The largest request body: an upload (base64 in a JSON body takes 4/3 of it) and 64 KiB for the rest."""
+    return limits.max_upload_bytes * 4 // 3 + 64 * 1024
+
+
 def decode_upload(data: bytes, limits: ServeLimits) -> Image.Image:
     """An uploaded image, decoded under the pixel cap; QueryError (-> 400/413) for anything else."""
     if len(data) > limits.max_upload_bytes:
@@ -152,7 +201,9 @@ def decode_upload(data: bytes, limits: ServeLimits) -> Image.Image:
         Image.MAX_IMAGE_PIXELS = old
 
 
-def parse_box(box: str | None) -> tuple[float, float, float, float] | None:
+def parse_box(box) -> tuple[float, float, float, float] | None:
+    if box is not None and not isinstance(box, str):
+        raise QueryError("box must be a form field x0,y0,x1,y1, not a file")
     if box is None or not box.strip():
         return None
     try:

@@ -22,7 +22,7 @@ import numpy as np
 from fastapi import FastAPI, Request
 
 from ..search.engine import Hit, NotFound, Query, QueryError
-from .common import ServeState, decode_upload, parse_int
+from .common import ServeState, TooLarge, decode_upload, parse_int, too_large_in
 
 INDEX_NAME = "foco"
 DEDUP_COSINE = 0.94  # clip-retrieval's threshold
@@ -65,13 +65,14 @@ def register(app: FastAPI, st: ServeState) -> None:
         if len(ids) > limits.max_knn:
             raise QueryError(f"at most {limits.max_knn} ids per request, got {len(ids)}")
         base = str(request.base_url).rstrip("/")
-        out = []
-        for i in ids:
-            row = engine.row(i) if 0 <= i < 2 ** 63 else None
-            if row is None:
-                raise NotFound(f"no image with id {i} in this index")
-            out.append({"id": i, "metadata": {"url": f"{base}/images/{i}", "caption": row.path}})
-        return out
+        bad = next((i for i in ids if not 0 <= i < 2 ** 63), None)
+        if bad is not None:
+            raise NotFound(f"no image with id {bad} in this index")
+        rows = await st.on_cpu(engine.store.rows_by_id, ids)
+        missing = next((i for i in ids if i not in rows), None)
+        if missing is not None:
+            raise NotFound(f"no image with id {missing} in this index")
+        return [{"id": i, "metadata": {"url": f"{base}/images/{i}", "caption": rows[i].path}} for i in ids]
 
     @app.post("/knn-service")
     async def knn_service(request: Request):
@@ -125,7 +126,7 @@ def register(app: FastAPI, st: ServeState) -> None:
         else:
             raise QueryError("give one of text, image (base64) or embedding_input")
         if body.get("deduplicate") and len(hits) > 1:
-            hits = dedup(hits, await st.on_cpu(engine.store.vector_rows, [h.id for h in hits]))
+            hits = await st.on_cpu(lambda: dedup(hits, engine.store.vector_rows([h.id for h in hits])))
         base = str(request.base_url).rstrip("/")
         return [({"id": h.id, "similarity": round(h.score, 6), "url": f"{base}/images/{h.id}", "caption": h.path}
                  if r < num_images else {"id": h.id, "similarity": round(h.score, 6)}) for r, h in enumerate(hits)]
@@ -133,8 +134,10 @@ def register(app: FastAPI, st: ServeState) -> None:
 
 async def _json(request: Request) -> dict:
     try:
-        body = await request.json()
-    except Exception:
+        body = await request.json()  # BodyLimit caps its size
+    except Exception as exc:
+        if (big := too_large_in(exc)) is not None:
+            raise TooLarge(str(big)) from None
         raise QueryError("the body must be JSON (clip-retrieval's request)") from None
     if not isinstance(body, dict):
         raise QueryError("the body must be a JSON object")

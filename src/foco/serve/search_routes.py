@@ -18,7 +18,7 @@ from PIL import Image
 
 from ..eval.figures import attention_overlay
 from ..search.engine import Query, QueryError
-from .common import ServeState, TooLarge, decode_upload, parse_box, parse_float, parse_int
+from .common import ServeState, TooLarge, decode_upload, parse_box, parse_float, parse_int, too_large_in
 
 HEATMAP_SIDE = 256
 
@@ -34,7 +34,9 @@ def register(app: FastAPI, st: ServeState) -> None:
             raise TooLarge(f"the request has {size} bytes; uploads are capped at {limits.max_upload_bytes}")
         try:
             form = await request.form(max_files=1, max_fields=16)
-        except Exception as exc:  # malformed multipart, too many parts
+        except Exception as exc:  # malformed multipart, too many parts, or a body past the cap (BodyLimit)
+            if (big := too_large_in(exc)) is not None:
+                raise TooLarge(str(big)) from None
             raise QueryError(f"the request is not a valid form ({type(exc).__name__}: {exc})") from None
         text = form.get("text")
         if text is not None and not isinstance(text, str):
@@ -54,7 +56,10 @@ def register(app: FastAPI, st: ServeState) -> None:
         answer = await st.batcher.submit(q)
         token = None
         if answer.attention is not None:
-            token = await st.on_cpu(_heatmap, st, reference, answer.attention)
+            try:
+                token = await st.on_cpu(_heatmap, st, reference, answer.attention)
+            except (QueryError, ValueError, OSError):  # the reference file went away: the results still stand
+                token = None
         return {"results": [{"id": h.id, "path": h.path, "score": round(h.score, 6), "image_url": f"/images/{h.id}",
                              "thumbnail_url": f"/thumbnails/{h.id}"} for h in answer.hits],
                 "attention_url": f"/attention/{token}" if token else None, "method": q.method, "k": q.k,
