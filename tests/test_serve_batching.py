@@ -180,3 +180,45 @@ def test_a_chunked_body_past_the_cap_is_refused_as_it_streams(engine):
     assert c.post("/search", files={"box": ("b.txt", b"0,0,1,1")},
                   data={"reference_id": "3", "text": "x", "method": "foco"}).status_code == 400
     assert c.get("/healthz").status_code == 200
+
+
+def test_two_workers_share_the_index_and_each_others_heatmaps(engine, tmp_path):
+    """`foco serve --workers 2`: two processes answer over the same index, and a heatmap made by one is found by the
+    other (they share a folder)."""
+    import os
+    import socket
+    import subprocess
+    import sys
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ckpt = engine.options.checkpoint
+    server = subprocess.Popen([sys.executable, "-m", "foco", "serve", "--index", str(engine.folder), "--checkpoint",
+                               str(ckpt), "--port", str(port), "--workers", "2"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 120
+        pids = set()
+        while len(pids) < 2 and time.time() < deadline:
+            try:
+                with httpx.Client(timeout=5) as c:  # a new connection each time: the kernel spreads them
+                    pids.add(c.get(url + "/healthz").json()["pid"])
+            except httpx.HTTPError:
+                if server.poll() is not None:
+                    raise AssertionError(server.stderr.read()[-2000:])
+                time.sleep(0.3)
+        assert len(pids) == 2
+        tokens = []
+        for _ in range(6):
+            with httpx.Client(timeout=60) as c:
+                r = c.post(url + "/search", data={"reference_id": "3", "text": "make it red", "method": "foco"})
+                assert r.status_code == 200, r.text
+                tokens.append(r.json()["attention_url"])
+        for t in tokens:
+            with httpx.Client(timeout=60) as c:
+                assert c.get(url + t).headers["content-type"] == "image/png"
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

@@ -333,11 +333,6 @@ class SearchEngine:
                 s = (vecs @ query[0].float()).numpy()
             order = np.argsort(-s, kind="stable")
             scores, ids = s[order], ids[order]
-        out = []
-        for s, i in zip(scores.tolist(), ids.tolist()):
-            r = self.store.row(int(i))
-            if r is not None:
-                out.append(Hit(int(i), r.path, float(s)))
-            if len(out) == k:
-                break
-        return out
+        rows = self.store.rows_by_id(ids[:k].tolist())  # one query; every id has a row (its slot was found)
+        return [Hit(int(i), rows[int(i)].path, float(s)) for s, i in zip(scores[:k].tolist(), ids[:k].tolist())
+                if int(i) in rows]

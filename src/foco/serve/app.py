@@ -46,7 +46,7 @@ def create_app(engine: SearchEngine, limits: ServeLimits = ServeLimits(), heatma
                ) -> FastAPI:
     engine.limits.max_k, engine.limits.max_text_chars = limits.max_k, limits.max_text_chars
     st = ServeState(engine, limits, MicroBatcher(engine.search_many, limits.max_batch, limits.max_wait_ms),
-                    Heatmaps(limits.attention_cache, heatmap_dir))
+                    Heatmaps(limits.attention_cache, heatmap_dir, search_routes.HEATMAP_SIDE))
     app = FastAPI(title="foco", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.foco = st
 

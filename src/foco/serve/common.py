@@ -69,43 +69,66 @@ class Metrics:
 
 
 class Heatmaps:
-    """The PNGs of recent searches' attention, by token: in memory, or in `folder` when several server processes
-    answer (a heatmap made by one is then found by another)."""
+    """Recent searches' attention, by token, drawn as a PNG only when a client asks for it (GET /attention): a
+    search stores its (P,) attention and its reference (an indexed id, or the upload scaled down to the heatmap's
+    side), nothing more. In memory, or in `folder` when several server processes answer (a heatmap one made is then
+    found by another)."""
 
-    def __init__(self, keep: int, folder: Path | None = None):
-        self.keep, self.folder = keep, folder
+    def __init__(self, keep: int, folder: Path | None = None, side: int = 256):
+        self.keep, self.folder, self.side = keep, folder, side
         self.lock = threading.Lock()
-        self.memory: OrderedDict[str, bytes] = OrderedDict()
+        self.memory: OrderedDict[str, tuple] = OrderedDict()  # token -> (reference, attention (P,) float32)
 
-    def put(self, data: bytes) -> str:
+    def put(self, reference, attention) -> str:
         token = secrets.token_urlsafe(12)
+        att = np.asarray(attention, dtype=np.float32)
+        if isinstance(reference, Image.Image):
+            reference = reference.convert("RGB").resize((self.side, self.side), Image.NEAREST)
         if self.folder is None:
             with self.lock:
-                self.memory[token] = data
+                self.memory[token] = (reference, att)
                 while len(self.memory) > self.keep:
                     self.memory.popitem(last=False)
             return token
-        tmp = self.folder / f".{token}.tmp"
-        tmp.write_bytes(data)
-        os.replace(tmp, self.folder / f"{token}.png")
+        buf = io.BytesIO()
+        np.save(buf, att)
+        if isinstance(reference, Image.Image):
+            reference.save(self.folder / f".{token}.ref.png", format="PNG")
+            os.replace(self.folder / f".{token}.ref.png", self.folder / f"{token}.ref.png")
+        else:
+            (self.folder / f"{token}.id").write_text(str(int(reference)))
+        tmp = self.folder / f".{token}.npy.tmp"
+        tmp.write_bytes(buf.getvalue())
+        os.replace(tmp, self.folder / f"{token}.npy")  # written last: a token is complete once it exists
+        self._trim()
+        return token
+
+    def _trim(self) -> None:
         files = []
-        for p in self.folder.glob("*.png"):
+        for p in self.folder.glob("*.npy"):
             try:
                 files.append((p.stat().st_mtime_ns, p))
             except FileNotFoundError:  # another worker removed it meanwhile
                 pass
         for _, old in sorted(files)[:-self.keep]:
-            old.unlink(missing_ok=True)
-        return token
+            for suffix in (".npy", ".id", ".ref.png"):
+                (old.parent / f"{old.stem}{suffix}").unlink(missing_ok=True)
 
-    def get(self, token: str) -> bytes | None:
+    def entry(self, token: str):
+        """(reference, attention) of `token`, or None."""
         if self.folder is None:
             with self.lock:
                 return self.memory.get(token)
         if not token.replace("-", "").replace("_", "").isalnum():  # a token never names another file
             return None
-        path = self.folder / f"{token}.png"
-        return path.read_bytes() if path.is_file() else None
+        try:
+            att = np.load(self.folder / f"{token}.npy")
+            ref_png = self.folder / f"{token}.ref.png"
+            ref = Image.open(ref_png).convert("RGB") if ref_png.is_file() else \
+                int((self.folder / f"{token}.id").read_text())
+        except (FileNotFoundError, ValueError, OSError):
+            return None
+        return ref, att
 
 
 @dataclass

@@ -4,8 +4,9 @@
                    -> {"results": [{id, path, score, image_url, thumbnail_url}], "attention_url", "method", "k",
                    "reference_size", "elapsed_ms"}
 
-The form is read on the event loop (it is I/O); the upload is decoded and the heatmap PNG encoded in the CPU pool;
-the query waits for its batch's answer without holding a thread.
+The form is read on the event loop (it is I/O); the upload is decoded in the CPU pool; the query waits for its
+batch's answer without holding a thread. A search keeps its attention and its reference; the heatmap PNG is drawn
+(in the thread pool) only when /attention is asked for.
 """
 from __future__ import annotations
 
@@ -14,13 +15,14 @@ import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
+import torch
 from PIL import Image
 
 from ..eval.figures import attention_overlay
-from ..search.engine import Query, QueryError
+from ..search.engine import NotFound, Query, QueryError
 from .common import ServeState, TooLarge, decode_upload, parse_box, parse_float, parse_int, too_large_in
 
-HEATMAP_SIDE = 256
+HEATMAP_SIDE = 256  # = Heatmaps.side
 
 
 def register(app: FastAPI, st: ServeState) -> None:
@@ -55,11 +57,9 @@ def register(app: FastAPI, st: ServeState) -> None:
                   chord=parse_float(form.get("chord") or 0, "chord"))
         answer = await st.batcher.submit(q)
         token = None
-        if answer.attention is not None:
-            try:
-                token = await st.on_cpu(_heatmap, st, reference, answer.attention)
-            except (QueryError, ValueError, OSError):  # the reference file went away: the results still stand
-                token = None
+        if answer.attention is not None:  # drawn only if a client asks for it (GET /attention)
+            token = st.heatmaps.put(reference, answer.attention) if isinstance(reference, int) else \
+                await st.on_cpu(st.heatmaps.put, reference, answer.attention)
         return {"results": [{"id": h.id, "path": h.path, "score": round(h.score, 6), "image_url": f"/images/{h.id}",
                              "thumbnail_url": f"/thumbnails/{h.id}"} for h in answer.hits],
                 "attention_url": f"/attention/{token}" if token else None, "method": q.method, "k": q.k,
@@ -67,17 +67,21 @@ def register(app: FastAPI, st: ServeState) -> None:
                 "elapsed_ms": round(1000 * (time.perf_counter() - t0), 1)}
 
     @app.get("/attention/{token}")
-    async def attention(token: str):
-        data = st.heatmaps.get(token)
-        if data is None:
+    def attention(token: str):  # a plain handler: the PNG is drawn in the thread pool
+        entry = st.heatmaps.entry(token)
+        if entry is None:
             return JSONResponse({"error": "no such heatmap (they are kept for the most recent searches only)"},
                                 status_code=404)
-        return Response(data, media_type="image/png")
+        reference, att = entry
+        try:
+            return Response(_heatmap_png(st, reference, att), media_type="image/png")
+        except ValueError as exc:
+            raise NotFound(f"the reference of this heatmap cannot be read any more ({exc})") from None
 
 
-def _heatmap(st: ServeState, reference, attention) -> str:
+def _heatmap_png(st: ServeState, reference, attention) -> bytes:
     from ..search.build import open_image
     im = reference if isinstance(reference, Image.Image) else open_image(st.engine.file(int(reference)))
     buf = io.BytesIO()
-    attention_overlay(im, attention, HEATMAP_SIDE).save(buf, format="PNG")
-    return st.heatmaps.put(buf.getvalue())
+    attention_overlay(im, torch.as_tensor(attention), HEATMAP_SIDE).save(buf, format="PNG")
+    return buf.getvalue()
