@@ -96,7 +96,9 @@ def run_mode(a, mode: str) -> dict:
     cmd = [sys.executable, "-m", "foco", "serve", "--index", a.index, "--port", str(port), *MODES[mode]]
     if a.checkpoint:
         cmd += ["--checkpoint", a.checkpoint]
-    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    import os
+    env = dict(os.environ, **({"OMP_NUM_THREADS": str(a.server_threads)} if a.server_threads else {}))
+    server = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 180
@@ -124,6 +126,7 @@ def run_mode(a, mode: str) -> dict:
                         "healthz_p99_ms": _pct(p["latencies"], 0.99), "healthz_errors": p["errors"]})
             runs.append(run)
             print(f"{mode} {json.dumps(run)}", file=sys.stderr, flush=True)
+        time.sleep(1.0)  # the last batch's memory handed back
         rss_after = _rss_mb(server.pid)
     finally:
         server.terminate()
@@ -141,6 +144,8 @@ def main() -> None:
     ap.add_argument("--method", default="foco")
     ap.add_argument("--k", type=int, default=10)
     ap.add_argument("--modes", default="batched,unbatched")
+    ap.add_argument("--server-threads", type=int, default=None,
+                    help="OMP_NUM_THREADS of the server (its torch threads); default: torch's own choice")
     ap.add_argument("--work", default="/tmp/foco-load")
     ap.add_argument("--out", default=None, help="write the report as JSON here")
     a = ap.parse_args()

@@ -36,7 +36,7 @@ except ImportError as exc:  # pragma: no cover
 
 from ..search.engine import NotFound, QueryError, SearchEngine
 from . import health, images, knn, search_routes
-from .batcher import MicroBatcher
+from .batcher import MicroBatcher, freeze_heap
 from .common import BodyLimit, Heatmaps, ServeLimits, ServeState, TooLarge, body_cap, decode_upload  # noqa: F401
 
 ENV = "FOCO_SERVE"
@@ -73,6 +73,7 @@ def create_app(engine: SearchEngine, limits: ServeLimits = ServeLimits(), heatma
     for module in (health, images, search_routes, knn):
         module.register(app, st)
     app.add_middleware(BodyLimit, cap=body_cap(limits))
+    freeze_heap()
     return app
 
 
