@@ -39,7 +39,7 @@ def freeze_heap() -> None:
     import gc
     gc.collect()
     gc.freeze()
-TRIM_EVERY_S = 1.0  # at most once a second, after a batch
+TRIM_EVERY_S = 1.0  # under load, at most once a second after a batch; and whenever the batcher goes idle
 
 
 class MicroBatcher:
@@ -91,15 +91,20 @@ class MicroBatcher:
             for (_, fut), answer in zip(batch, answers):
                 if not fut.done():
                     fut.set_result(answer)
+            if self._queue.empty():  # idle: the batches' freed memory goes back to the system now
+                await loop.run_in_executor(self._pool, self._trim)
 
     def _run(self, items: list) -> list:
         answers = self.run(items)
         if not self.batches:  # the first batch loaded the methods: their objects join the startup's, frozen
             freeze_heap()
-        if time.monotonic() - self._trimmed > TRIM_EVERY_S:
-            _TRIM()
-            self._trimmed = time.monotonic()
+        if time.monotonic() - self._trimmed > TRIM_EVERY_S:  # under load: at most once a second
+            self._trim()
         return answers
+
+    def _trim(self) -> None:
+        _TRIM()
+        self._trimmed = time.monotonic()
 
     def close(self) -> None:
         if self._task is not None:
