@@ -222,3 +222,25 @@ def test_two_workers_share_the_index_and_each_others_heatmaps(engine, tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+def test_ids_and_counts_are_strict_integers(engine):
+    from fastapi.testclient import TestClient
+    c = TestClient(create_app(engine, ServeLimits()))
+    for path in ("/images/%C2%B2", "/images/%EF%BC%95", "/thumbnails/%D9%A3"):  # "²", a full-width 5, an Arabic 3
+        r = c.get(path)
+        assert r.status_code == 404 and r.json()["error"], path
+    assert c.get("/images/5").status_code == 200
+    assert c.get("/gallery", params={"offset": str(10 ** 30)}).status_code == 400
+    r = c.post("/search", data={"reference_id": "9" * 30, "text": "x", "method": "sum"})
+    assert r.status_code == 400 and "int64" in r.json()["error"]
+    emb = engine.store.vector_rows([3])[0].tolist()
+    for bad in ({"num_images": 2.7}, {"num_images": "1e3"}, {"num_images": True}):
+        r = c.post("/knn-service", json={"embedding_input": emb, **bad})
+        assert r.status_code == 400 and "integer" in r.json()["error"], bad
+    for emb_bad in (["a", "b"], [[0.1], [0.2, 0.3]], [0.0] * engine.dim):
+        assert c.post("/knn-service", json={"embedding_input": emb_bad, "num_images": 2}).status_code == 400
+    r = c.post("/knn-service", content=b'{"embedding_input": [0.1], "num_images": 1e309}',
+               headers={"content-type": "application/json"})
+    assert r.status_code == 400
+    assert len(c.post("/knn-service", json={"embedding_input": emb, "num_images": 40.0}).json()) == 40

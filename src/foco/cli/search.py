@@ -167,6 +167,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_arg(u)
     u.set_defaults(func=_index_update)
 
+    _register_search(sub)
+
+
+def _register_search(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("search", help="a composed query against an index")
     s.add_argument("--index", required=True, help="index folder (foco index build --out)")
     s.add_argument("--reference", required=True, help="an indexed id, or the path of an image file")
@@ -180,6 +184,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     _method_args(s)
     s.set_defaults(func=_search)
 
+    _register_serve(sub)
+
+
+def _register_serve(sub: argparse._SubParsersAction) -> None:
     v = sub.add_parser("serve", help="HTTP API and web page over an index (loopback by default)")
     v.add_argument("--index", required=True, help="index folder (foco index build --out)")
     v.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")

@@ -119,6 +119,8 @@ class SearchEngine:
         return int(self.index.ntotal)
 
     def row(self, image_id: int) -> ImageRow:
+        if not 0 <= int(image_id) < 2 ** 63:  # SQLite's integers are int64
+            raise NotFound(f"no image with id {image_id} in this index")
         r = self.store.row(int(image_id))
         if r is None:
             raise NotFound(f"no image with id {image_id} in this index")

@@ -18,7 +18,7 @@ THUMB_SIDE, THUMB_CACHE = 160, 4096
 
 
 def image_id(value: str) -> int:
-    if not value.isdigit() or len(value) > 18:
+    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²" and "５" are digits to str.isdigit
         raise NotFound(f"no image with id {value!r}: images are addressed by their integer id")
     return int(value)
 

@@ -103,6 +103,8 @@ def register(app: FastAPI, st: ServeState) -> None:
                 raise QueryError("embedding_input must be a list of numbers") from None
             if vec.ndim != 1 or not np.all(np.isfinite(vec)):
                 raise QueryError("embedding_input must be a list of finite numbers")
+            if not np.linalg.norm(vec) > 0:
+                raise QueryError("embedding_input is all zeros: it has no direction to search along")
             hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
         elif image_b64:
             if not isinstance(image_b64, str):
