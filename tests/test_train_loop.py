@@ -159,3 +159,44 @@ def test_foco_leaves_its_config_alone_and_counts_steps_over_both_stages(tmp_path
     assert steps[0][1] == {"aggr", "loss"} and steps[-1][1] == {"aggr", "comp", "loss"}
     meta = json.loads((tmp_path / "foco" / "foco.json").read_text())
     assert meta["config"]["dim"] == 16 and meta["train"]["stage2_epochs"] == 2
+
+
+def test_a_non_finite_loss_stops_before_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    """A NaN at the third step of the second epoch: training stops naming the phase and step, the weights are those
+    before that step, and train_state still holds the first epoch (resume continues from it)."""
+    from foco.train.loop import NonFiniteError
+    model, phases, gen = _toy()
+    real = phases[0].step
+    calls = []
+
+    def step(idx):
+        calls.append(1)
+        losses = real(idx)
+        if len(calls) == N // B + 3:  # epoch 2, step 3
+            losses = {k: v * float("nan") for k, v in losses.items()}
+        return losses
+    phases[0].step = step
+    before = {}
+
+    def on_step(s, losses):
+        before.update({k: v.detach().clone() for k, v in model.state_dict().items()})
+    with pytest.raises(NonFiniteError, match=r"loss loss = nan, double = nan is not finite at training stage 1 epoch 2/2, global step"):
+        run(model, phases, tmp_path / "a", LoopConfig(N, B, warmup_frac=0.3), np.random.default_rng(0), False, gen,
+            on_step=on_step)
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())  # the bad step was not taken
+    state = json.loads((tmp_path / "a" / "train_state" / "state.json").read_text())
+    assert state["progress"]["epoch"] == 1 and all(torch.isfinite(p).all() for p in model.parameters())
+    steps = (tmp_path / "a" / "train_steps.jsonl").read_text().splitlines()
+    assert len(steps) == N // B  # only the saved epoch's steps
+
+
+def test_non_finite_options_are_refused_by_name(capsys):
+    from foco.cli import main
+    for args in (["train", "--lr-stage1", "nan"], ["train", "--lr-comp", "inf"], ["train", "--lr-aggr", "0"],
+                 ["train", "--preserve-weight=-1"], ["search", "--chord", "nan"],
+                 ["backbone", "train", "--lr=-inf"]):
+        with pytest.raises(SystemExit):
+            main(args)
+        err = capsys.readouterr().err
+        flag = args[-1].split("=")[0] if "=" in args[-1] else args[-2]
+        assert flag in err and ("finite" in err or "> 0" in err or "negative" in err), (args, err)

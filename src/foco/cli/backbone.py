@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_device_arg, nonneg_int, positive_int, print_table
+from .common import add_device_arg, nonneg_int, positive_float, positive_int, print_table
 
 
 def _train(a: argparse.Namespace) -> int:
@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     t.add_argument("--epochs", type=nonneg_int, default=6, help="passes over the training data")
     t.add_argument("--batch-size", type=positive_int, default=256, help="examples per step")
-    t.add_argument("--lr", type=float, default=2e-3, help="peak learning rate (linear warm-up, then cosine decay)")
+    t.add_argument("--lr", type=positive_float, default=2e-3,
+                   help="peak learning rate (linear warm-up, then cosine decay)")
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")

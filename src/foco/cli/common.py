@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 
@@ -13,6 +14,38 @@ def _int_at_least(v: str, least: int, refusal: str) -> int:
     if n < least:
         raise argparse.ArgumentTypeError(f"{n} {refusal}")
     return n
+
+
+def _float(v: str, ok, refusal: str) -> float:
+    try:
+        x = float(v)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
+    if not math.isfinite(x):
+        raise argparse.ArgumentTypeError(f"{v!r} is not a finite number")
+    if not ok(x):
+        raise argparse.ArgumentTypeError(f"{x:g} {refusal}")
+    return x
+
+
+def finite_float(v: str) -> float:
+    """argparse type: a finite number (nan and inf are refused: they would train, or score, into NaNs)."""
+    return _float(v, lambda x: True, "")
+
+
+def positive_float(v: str) -> float:
+    """argparse type: a finite number > 0 (learning rates, timeouts)."""
+    return _float(v, lambda x: x > 0, "is not > 0")
+
+
+def nonneg_float(v: str) -> float:
+    """argparse type: a finite number >= 0 (loss weights, Chord's lambda)."""
+    return _float(v, lambda x: x >= 0, "is negative")
+
+
+def unit_float(v: str) -> float:
+    """argparse type: a finite number in [0, 1] (shares)."""
+    return _float(v, lambda x: 0 <= x <= 1, "is not in [0, 1]")
 
 
 def positive_int(v: str) -> int:
@@ -55,9 +88,12 @@ def float_or_val(v: str | None) -> float | str | None:
     if v is None or v == "val":
         return v
     try:
-        return float(v)
+        x = float(v)
     except ValueError:
         raise ValueError(f"expected a number or 'val', got {v!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"expected a finite number or 'val', got {v!r}")
+    return x
 
 
 def checkpoint_backbone(checkpoint: str | Path | None) -> str | None:
@@ -73,7 +109,7 @@ def add_decomposition_args(p: argparse.ArgumentParser) -> None:
                    help="SQLite store written by `foco decompose` (default: the world's oracle decompositions)")
     p.add_argument("--decomposer", default="oracle",
                    help="which decomposer's results to read from the store: a name or a settings id")
-    p.add_argument("--max-fallback", type=float, default=0.01,
+    p.add_argument("--max-fallback", type=unit_float, default=0.01,
                    help="largest share of captions a fallback may have decomposed (flagged rows; default 0.01)")
 
 
@@ -91,9 +127,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                           "are used round-robin and a failing one rests")
     llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
     llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
-    llm.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    llm.add_argument("--timeout", type=positive_float, default=60.0, help="seconds per request")
     llm.add_argument("--retries", type=nonneg_int, default=3, help="retries per item before the rule fallback")
-    llm.add_argument("--backoff", type=float, default=1.0, help="first retry wait in seconds (doubles)")
+    llm.add_argument("--backoff", type=nonneg_float, default=1.0, help="first retry wait in seconds (doubles)")
     llm.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight")
     llm.add_argument("--max-tokens", type=positive_int, default=400, help="most tokens an LLM answer may use")
     llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")

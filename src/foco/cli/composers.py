@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_device_arg, check_resume, nonneg_int, positive_int
+from .common import add_device_arg, check_resume, nonneg_float, nonneg_int, positive_float, positive_int
 
 
 def _common(a: argparse.Namespace):
@@ -97,7 +97,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")
     p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank (hf text tower)")
-    p.add_argument("--lora-alpha", type=float, default=16.0, help="LoRA alpha (hf text tower)")
+    p.add_argument("--lora-alpha", type=positive_float, default=16.0, help="LoRA alpha (hf text tower)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
@@ -111,15 +111,19 @@ def register(sub: argparse._SubParsersAction) -> None:
         dest="action", required=True)
     p = pact.add_parser("train", help="train PACT's mapper and text tower on edit triplets")
     _data_args(p)
-    p.add_argument("--identity-epochs", type=nonneg_int, default=1, help="warm-up of the mapper alone (0 with --mapper-init)")
+    p.add_argument("--identity-epochs", type=nonneg_int, default=1,
+                   help="warm-up of the mapper alone (0 with --mapper-init)")
     p.add_argument("--joint-epochs", type=nonneg_int, default=3,
-        help="epochs of joint mapper + text-tower updates on the triplets")
-    p.add_argument("--lr-warmup", type=float, default=1e-4, help="the mapper's learning rate in the identity warm-up")
-    p.add_argument("--lr-mapper", type=float, default=3e-5, help="the mapper's learning rate in the joint updates")
-    p.add_argument("--lr-text", type=float, default=1e-5, help="the text tower's learning rate in the joint updates")
-    p.add_argument("--compose-weight", type=float, default=1.0, help="L_compose (0: preserve-only ablation)")
-    p.add_argument("--preserve-weight", type=float, default=1.0, help="L_preserve (0: compose-only ablation)")
-    p.add_argument("--visual-weight", type=float, default=0.0, help="alpha of L_visual")
+                   help="epochs of joint mapper + text-tower updates on the triplets")
+    p.add_argument("--lr-warmup", type=positive_float, default=1e-4,
+                   help="the mapper's learning rate in the identity warm-up")
+    p.add_argument("--lr-mapper", type=positive_float, default=3e-5,
+                   help="the mapper's learning rate in the joint updates")
+    p.add_argument("--lr-text", type=positive_float, default=1e-5,
+                   help="the text tower's learning rate in the joint updates")
+    p.add_argument("--compose-weight", type=nonneg_float, default=1.0, help="L_compose (0: preserve-only ablation)")
+    p.add_argument("--preserve-weight", type=nonneg_float, default=1.0, help="L_preserve (0: compose-only ablation)")
+    p.add_argument("--visual-weight", type=nonneg_float, default=0.0, help="alpha of L_visual")
     p.add_argument("--no-negatives", action="store_true", help="no negative captions in L_compose")
     p.add_argument("--mapper-init", default=None, help="a Pic2Word checkpoint to start the mapper from")
     p.set_defaults(func=_pact_train)
@@ -130,9 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _data_args(t)
     t.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     t.add_argument("--stage2-epochs", type=nonneg_int, default=3, help="epochs of the second stage")
-    t.add_argument("--lr-stage1", type=float, default=1e-4, help="learning rate of the first stage")
-    t.add_argument("--lr-stage2", type=float, default=1e-5, help="learning rate of the second stage")
-    t.add_argument("--soft-weight", type=float, default=1.0, help="weight of the soft text alignment")
+    t.add_argument("--lr-stage1", type=positive_float, default=1e-4, help="learning rate of the first stage")
+    t.add_argument("--lr-stage2", type=positive_float, default=1e-5, help="learning rate of the second stage")
+    t.add_argument("--soft-weight", type=nonneg_float, default=1.0, help="weight of the soft text alignment")
     t.add_argument("--target-threshold", default="auto",
                    help="a cosine, or 'auto': the corpus's median caption-image cosine")
     t.add_argument("--max-triplets", type=positive_int, default=None, help="keep at most this many synthetic triplets")

@@ -81,7 +81,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--decomposer", default="oracle", help=f"whose decompositions to read: {DECOMPOSERS.names()}")
     g.add_argument("--split", default="train", help="with a world folder: which pairs split (never val or test)")
     g.add_argument("--caption-column", default=None,
-                    help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
+                   help="CSV / TSV: the header of the caption column (default: caption, text, alt or title)")
     g.add_argument("--out", required=True, help="SQLite store of triplets (created or resumed)")
     _writer_args(g, templates="train")
     g.add_argument("--per-caption", type=positive_int, default=1, help="edits per source caption")

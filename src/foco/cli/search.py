@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_device_arg, positive_int
+from .common import add_device_arg, finite_float, nonneg_float, positive_int
 
 
 def _index_build(a: argparse.Namespace) -> int:
@@ -130,7 +130,7 @@ def _method_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder (enables --method foco)")
     p.add_argument("--foco-edits", default=None, help="foco-edits checkpoint folder (enables --method foco-edits)")
     p.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (enables --method pic2word)")
-    p.add_argument("--box-beta", type=float, default=-8.0,
+    p.add_argument("--box-beta", type=finite_float, default=-8.0,
                    help="attention bias inside --box (negative: attend outside the box, as chosen on val)")
     add_device_arg(p)
 
@@ -178,7 +178,7 @@ def _register_search(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--method", default="foco", help="foco, foco-edits, pic2word, slerp, sum, image or text")
     s.add_argument("-k", "--k", type=positive_int, default=10, help="how many results")
     s.add_argument("--box", default=None, help="x0,y0,x1,y1 in pixels of the reference (FoCo's attention)")
-    s.add_argument("--chord", type=float, default=0.0, help="Chord lambda (0: plain cosine)")
+    s.add_argument("--chord", type=nonneg_float, default=0.0, help="Chord lambda (0: plain cosine)")
     s.add_argument("--keep-reference", action="store_true", help="allow an indexed reference among the results")
     s.add_argument("--json", action="store_true", help="print JSON lines {id, path, score} instead of a table")
     _method_args(s)

@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_decomposition_args, add_device_arg, check_resume, nonneg_int, positive_int
+from .common import (add_decomposition_args, add_device_arg, check_resume, nonneg_float, nonneg_int, positive_float,
+                     positive_int)
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -161,10 +162,11 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--split", default=None,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
     x.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    x.add_argument("--shard-size", type=positive_int, default=2048, help="items per safetensors shard (the unit of resume)")
+    x.add_argument("--shard-size", type=positive_int, default=2048,
+                   help="items per safetensors shard (the unit of resume)")
     x.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     x.add_argument("--dtype", default="float16", choices=["float16", "bfloat16", "float32"],
-        help="storage dtype of patch and token features")
+                   help="storage dtype of patch and token features")
     x.add_argument("--no-patches", action="store_true", help="store only global image features")
     add_precision_arg(x)
     add_device_arg(x)
@@ -192,9 +194,9 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     tr.add_argument("--stage2-epochs", type=nonneg_int, default=30, help="epochs of the second stage")
     tr.add_argument("--batch-size", type=positive_int, default=512, help="examples per step")
-    tr.add_argument("--lr-stage1", type=float, default=5e-4, help="learning rate of the first stage")
-    tr.add_argument("--lr-aggr", type=float, default=5e-5, help="F_Aggr's learning rate in stage 2")
-    tr.add_argument("--lr-comp", type=float, default=3e-5, help="F_Comp's learning rate in stage 2")
+    tr.add_argument("--lr-stage1", type=positive_float, default=5e-4, help="learning rate of the first stage")
+    tr.add_argument("--lr-aggr", type=positive_float, default=5e-5, help="F_Aggr's learning rate in stage 2")
+    tr.add_argument("--lr-comp", type=positive_float, default=3e-5, help="F_Comp's learning rate in stage 2")
     tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
     tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
@@ -211,10 +213,11 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     ed.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
     ed.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     ed.add_argument("--stage3-epochs", type=nonneg_int, default=2, help="epochs of the edit stage (with --edits)")
-    ed.add_argument("--lr-edit", type=float, default=1e-4, help="learning rate of F_Aggr and F_Comp in the edit stage")
-    ed.add_argument("--preserve-weight", type=float, default=0.3, help="weight of L_preserve (the source image)")
+    ed.add_argument("--lr-edit", type=positive_float, default=1e-4,
+                    help="learning rate of F_Aggr and F_Comp in the edit stage")
+    ed.add_argument("--preserve-weight", type=nonneg_float, default=0.3, help="weight of L_preserve (the source image)")
     ed.add_argument("--no-edit-negatives", action="store_true", help="no negative captions as hard negatives")
-    ed.add_argument("--image-weight", type=float, default=0.0,
+    ed.add_argument("--image-weight", type=nonneg_float, default=0.0,
                     help="weight of the retrieved target image's InfoNCE (0: captions only; see --target-threshold)")
     ed.add_argument("--target-threshold", default="auto",
                     help="target images retrieved from the corpus: a cosine, or 'auto' (the corpus's median "
@@ -228,7 +231,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     pt.add_argument("--epochs", type=nonneg_int, default=2, help="passes over the training data")
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
-    pt.add_argument("--lr", type=float, default=5e-4, help="peak learning rate (linear warm-up, then cosine decay)")
+    pt.add_argument("--lr", type=positive_float, default=5e-4,
+                    help="peak learning rate (linear warm-up, then cosine decay)")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     add_device_arg(pt)
     pt.add_argument("--dist-timeout", type=positive_int, default=120,

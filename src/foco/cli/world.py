@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     g = world.add_parser("generate", help="generate images, caption pairs and CIR benchmarks")
     g.add_argument("--out", required=True, help="output folder")
     g.add_argument("--size", default="default", choices=["tiny", "default"],
-                    help="world size: tiny (a smoke run) or default")
+                   help="world size: tiny (a smoke run) or default")
     g.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     g.add_argument("--stamps", default=None,
                    help="folder of captioned cutout PNGs (tuxpaint-stamps layout) to use as extra objects")

@@ -240,9 +240,10 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
                 losses = phase.step(idx)
             opt.zero_grad(set_to_none=True)
             losses[phase.objective].backward()
-            torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)  # after DDP's all-reduce: every rank's
+            values = mean_across({k: v.item() for k, v in losses.items()}, cfg.env)  # the same on every rank
+            _check_finite(values, float(norm), cfg, desc, offset + step)
             opt.step()
-            values = mean_across({k: v.item() for k, v in losses.items()}, cfg.env)
             for k, v in values.items():
                 sums[k] = sums.get(k, 0.0) + v
             log_.append((offset + step, values))
@@ -250,6 +251,24 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
             if on_step is not None:
                 on_step(offset + step, values)
     return {k: v / max(1, len(batches)) for k, v in sums.items()}, log_
+
+
+class NonFiniteError(ValueError):
+    """A loss or the gradient stopped being a finite number: training stops before the step that would spread it."""
+
+
+def _check_finite(values: dict[str, float], grad_norm: float, cfg: LoopConfig, desc: str, step: int) -> None:
+    """Stops training at the first non-finite loss or gradient norm, before the optimiser step and before anything
+    of the epoch is saved: the last checkpoint in train_state stays the last good one. Every rank sees the same
+    values (mean losses, all-reduced gradients), so every rank stops at the same step."""
+    bad = [k for k, v in values.items() if not math.isfinite(v)]
+    if not bad and math.isfinite(grad_norm):
+        return
+    what = f"loss {', '.join(f'{k} = {values[k]}' for k in bad)}" if bad else f"gradient norm {grad_norm}"
+    raise NonFiniteError(f"{cfg.name}: the {what} is not finite at {desc}, global step {step}; stopped before the "
+                         "optimiser step, and nothing of this epoch was saved (the last checkpoint in train_state, if "
+                         "any, is the last good one). Lower the learning rate (--lr-*), or check the features and "
+                         "the inputs for NaNs")
 
 
 def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
