@@ -213,8 +213,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     ed.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
     ed.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     ed.add_argument("--stage3-epochs", type=nonneg_int, default=2, help="epochs of the edit stage (with --edits)")
-    ed.add_argument("--lr-edit", type=positive_float, default=1e-4,
-                    help="learning rate of F_Aggr and F_Comp in the edit stage")
+    ed.add_argument("--lr-edit", type=positive_float, default=1e-4, help="F_Aggr's and F_Comp's rate in the edit stage")
     ed.add_argument("--preserve-weight", type=nonneg_float, default=0.3, help="weight of L_preserve (the source image)")
     ed.add_argument("--no-edit-negatives", action="store_true", help="no negative captions as hard negatives")
     ed.add_argument("--image-weight", type=nonneg_float, default=0.0,
