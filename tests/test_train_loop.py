@@ -200,3 +200,17 @@ def test_non_finite_options_are_refused_by_name(capsys):
         err = capsys.readouterr().err
         flag = args[-1].split("=")[0] if "=" in args[-1] else args[-2]
         assert flag in err and ("finite" in err or "> 0" in err or "negative" in err), (args, err)
+
+
+def test_the_curve_is_drawn_first_then_at_most_every_plot_every_s_and_after_the_last_epoch(tmp_path, monkeypatch):
+    import foco.train.loop as loop
+    drawn = []
+    monkeypatch.setattr(loop, "plot_losses", lambda path, recs, *a, **k: drawn.append(len(recs)))
+    monkeypatch.setattr(loop, "PLOT_EVERY_S", 1e9)
+    _run(tmp_path / "a", plot_keys=("loss",))
+    epochs = 2 + 3  # the toy's two phases
+    assert drawn == [N // B, epochs * (N // B)]  # the first epoch's end, and the run's end with every step
+    drawn.clear()
+    monkeypatch.setattr(loop, "PLOT_EVERY_S", 0.0)
+    _run(tmp_path / "b", plot_keys=("loss",))
+    assert len(drawn) == epochs

@@ -110,6 +110,7 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
+    plotted = [float("-inf")]  # when the loss curve was last drawn (never: the first epoch draws it)
     for i, phase in enumerate(phases[first:], first):
         n, B, S = sizes[i], batch[i], steps[i]
         opt, done = (opt, epoch0 * S) if i == first and opt is not None else (_optimizer(phase), 0)
@@ -127,9 +128,11 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
             done += len(batches)
             rec = {**phase.tag, "epoch": epoch + 1, **means, **phase.record(sum(totals[:i]) + done),
                    "elapsed_s": round(time.time() - t0, 2)}
+            last = (epoch == phase.epochs - 1 or done >= totals[i]) and \
+                all(totals[j] == 0 for j in range(i + 1, len(phases)))  # no later phase has a step to take
             _end_epoch(out, model, opt, rng, generator, cfg, rec,
                        {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, totals_n, cfg)},
-                       [{"step": k, **phase.tag, **v} for k, v in step_log])
+                       [{"step": k, **phase.tag, **v} for k, v in step_log], plotted, last)
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
@@ -253,6 +256,9 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
     return {k: v / max(1, len(batches)) for k, v in sums.items()}, log_
 
 
+PLOT_EVERY_S = 30.0  # the loss curve is redrawn at most this often during a run, and always at its end
+
+
 class NonFiniteError(ValueError):
     """A loss or the gradient stopped being a finite number: training stops before the step that would spread it."""
 
@@ -273,10 +279,11 @@ def _check_finite(values: dict[str, float], grad_norm: float, cfg: LoopConfig, d
 
 def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
                generator: torch.Generator | None, cfg: LoopConfig, rec: dict, progress: dict,
-               steps: list[dict]) -> None:
+               steps: list[dict], plotted: list[float] | None = None, last: bool = True) -> None:
     """Appends the epoch's record (train_log.jsonl) and its steps' losses (train_steps.jsonl), saves the state and
-    redraws the curve. A run killed mid-epoch repeats that epoch on resume, and its steps were never written.
-    Data-parallel: rank 0 writes (atomically), the others wait for it."""
+    redraws the curve: after the run's last epoch, and otherwise at most every PLOT_EVERY_S (drawing takes a few
+    tenths of a second, more than a short epoch). A run killed mid-epoch repeats that epoch on resume, and its
+    steps were never written. Data-parallel: rank 0 writes (atomically), the others wait for it."""
     if not cfg.env.is_main:
         barrier(cfg.env)
         return
@@ -287,7 +294,10 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
         f.write("".join(json.dumps(r) + "\n" for r in steps))
     save_training_state(out / "train_state", model, opt, rng, progress,
                         extra_tensors=None if generator is None else {"generator": generator.get_state()})
-    if cfg.plot_keys:
+    due = plotted is None or last or time.monotonic() - plotted[0] >= PLOT_EVERY_S
+    if cfg.plot_keys and due:
+        if plotted is not None:
+            plotted[0] = time.monotonic()
         recs = [json.loads(line) for line in (out / "train_steps.jsonl").read_text().splitlines() if line.strip()]
         phase_key = next(iter(progress), "stage") if progress and next(iter(progress)) != "epoch" else "stage"
         plot_losses(out / "loss_curve.png", recs, cfg.plot_keys, title=cfg.plot_title, phase_key=phase_key)
