@@ -103,3 +103,16 @@ def test_score_queries_removes_reference_only_for_single():
     assert single["R@50"] == 100.0 and single["Rs@3"] in (0.0, 100.0)
     multi = score_queries(g[:1], bench("multi", ["g0"], []), ids, g)
     assert multi["mAP@5"] == 100.0  # the reference is not removed in the multi protocol
+
+
+def test_the_results_table_is_markdown_with_a_separator_cell_per_column():
+    from foco.eval.report import results_table
+    res = {"benchmark": "world", "split": "val", "backbone": "b", "parts": {
+        "world/single": {"queries": 2, "gallery": 3, "discarded": 0,
+                         "methods": {"foco": {"R@1": 50.0, "R@5": 100.0}, "sum": {"R@1": 0.0, "R@5": 50.0}}},
+        "world/multi": {"queries": 2, "gallery": 3, "discarded": 0, "methods": {"foco": {"mAP@5": 12.5}}}}}
+    table = [line for line in results_table(res).splitlines() if line.startswith("|")]
+    cells = [len(line.strip("|").split("|")) for line in table]
+    assert table[0] == "| part | method | R@1 | R@5 | mAP@5 |" and set(cells) == {5}, table
+    assert table[1] == "|---|---|---|---|---|"
+    assert "| world/multi | foco | - | - | 12.50 |" in table

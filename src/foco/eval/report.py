@@ -27,7 +27,10 @@ def results_table(results: dict) -> str:
     if not any(rows.values()):
         lines.append("no ground truth in this split: no metrics")
     else:
-        lines.append(metrics_table({f"{part} | {name}": m for (part, name), m in rows.items()}, key="part | method"))
+        cols = list(dict.fromkeys(k for m in rows.values() for k in m))
+        lines.append(markdown_table(["part", "method", *cols],
+                                    [[part, name, *(f"{m[c]:.2f}" if c in m else "-" for c in cols)]
+                                     for (part, name), m in rows.items()]))
     for part, e in results["parts"].items():
         if e.get("R@1_by_category"):
             lines += ["", f"R@1 by category ({part}):", "", metrics_table(e["R@1_by_category"])]
