@@ -328,6 +328,11 @@ class TokenView:
             return int(self.index.shape[0])
         return len(self.rows) if self.rows is not None else int(self._padded[1].shape[0])
 
+    def subset(self, rows) -> "TokenView":
+        """The texts `rows` (m,) of this view, in that order, still read per batch."""
+        rows = torch.as_tensor(rows, dtype=torch.long, device="cpu")
+        return TokenView(self.rows, self._dtype, rows if self.index is None else self.index[rows], self._padded)
+
     def take(self, idx) -> tuple[torch.Tensor, torch.Tensor]:
         idx = torch.as_tensor(idx, dtype=torch.long, device="cpu").reshape(-1)
         rows = idx if self.index is None else self.index[idx]
@@ -359,6 +364,4 @@ class StoredTexts:
     def subset(self, rows: torch.Tensor) -> "StoredTexts":
         """Texts `rows` (m,), in that order, still read per batch."""
         rows = torch.as_tensor(rows, dtype=torch.long, device="cpu")
-        base = rows if self.tokens.index is None else self.tokens.index[rows]
-        view = TokenView(self.tokens.rows, self.tokens._dtype, base, self.tokens._padded)
-        return StoredTexts(self.global_[rows], view)
+        return StoredTexts(self.global_[rows], self.tokens.subset(rows))

@@ -328,8 +328,8 @@ class FeatureCache:
         from .feature_store import RowView
         ids, rows = self.rows("images")
         g = torch.nn.functional.normalize(rows.rows("global", range(len(ids))).float(), dim=-1)
-        if not ids or not rows.has("patches"):
-            return ids, ImageFeatures(g, torch.empty(len(ids), 0, g.shape[1] if g.ndim == 2 else 0))
+        if not rows.has("patches"):
+            return ids, ImageFeatures(g, torch.empty(len(ids), 0, g.shape[1], device="cpu"))
         return ids, ImageFeatures(g, RowView(rows, "patches", dtype))
 
     def stored_texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], StoredTexts]:
@@ -338,9 +338,10 @@ class FeatureCache:
         from .feature_store import StoredTexts, TokenView
         ids, rows = self.rows("texts")
         g = torch.nn.functional.normalize(rows.rows("global", range(len(ids))).float(), dim=-1)
-        if not ids or not rows.has("tokens"):
-            empty = torch.empty(len(ids), 0, g.shape[1] if g.ndim == 2 else 0)
-            return ids, StoredTexts(g, TokenView.padded(empty, torch.empty(len(ids), 0, dtype=torch.bool)))
+        if not rows.has("tokens"):
+            empty = torch.empty(len(ids), 0, g.shape[1], device="cpu")
+            no_mask = torch.empty(len(ids), 0, dtype=torch.bool, device="cpu")
+            return ids, StoredTexts(g, TokenView.padded(empty, no_mask))
         return ids, StoredTexts(g, TokenView(rows, dtype))
 
     def texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], TextFeatures]:
@@ -354,4 +355,5 @@ class FeatureCache:
             rows.close()
             return ids, TextFeatures(g, tokens if dtype is None else tokens.to(dtype), mask)
         rows.close()
-        return ids, TextFeatures(g, torch.empty(len(ids), 0, g.shape[1]), torch.empty(len(ids), 0, dtype=torch.bool))
+        return ids, TextFeatures(g, torch.empty(len(ids), 0, g.shape[1], device="cpu"),
+                                 torch.empty(len(ids), 0, dtype=torch.bool, device="cpu"))

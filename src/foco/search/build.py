@@ -108,6 +108,12 @@ def walk_images(root: Path) -> list[Path]:
     return found
 
 
+def _check_format(out: Path, meta: dict) -> None:
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise ValueError(f"{out} was written by an older foco (index format {meta.get('format_version')}, vectors "
+                         "inside SQLite); build it again with `foco index build` into a new --out")
+
+
 def _check_config(out: Path, cfg: IndexConfig) -> dict:
     meta_path = out / "index.json"
     want = {"format_version": FORMAT_VERSION, "images": str(Path(cfg.images).resolve()),
@@ -116,9 +122,7 @@ def _check_config(out: Path, cfg: IndexConfig) -> dict:
             "max_index_memory": cfg.max_index_memory}
     if meta_path.is_file():
         have = read_json(meta_path)
-        if have.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"{out} was written by an older foco (index format {have.get('format_version')}, "
-                             f"vectors inside SQLite); build it again with `foco index build` into a new --out")
+        _check_format(out, have)
         diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items()
                 if k not in ("index_type", "train_size", "max_index_memory") and have.get(k) != v]
         if diff:
@@ -254,9 +258,7 @@ def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: b
     if not (out / "index.json").is_file():
         raise FileNotFoundError(f"{out} is not an index (no index.json); make one with `foco index build`")
     meta = read_json(out / "index.json")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{out} was written by an older foco (index format {meta.get('format_version')}, vectors "
-                         "inside SQLite); build it again with `foco index build` into a new --out")
+    _check_format(out, meta)
     vec = meta.get("vectors") or {}
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
                       with_patches=meta["with_patches"], precision=meta["precision"],

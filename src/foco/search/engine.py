@@ -256,10 +256,11 @@ class SearchEngine:
         if not ok:
             return out  # type: ignore[return-value]
         ref_g = torch.stack([glob[i] for i in ok])  # (b, D)
-        ref_p = torch.stack([patches[i] for i in ok]) if reads_patches else torch.empty(len(ok), 0, self.dim)
+        ref_p = torch.stack([patches[i] for i in ok]) if reads_patches else \
+            torch.empty(len(ok), 0, self.dim, device=ref_g.device)
         attn_bias = None
         if bias:
-            attn_bias = torch.zeros(len(ok), ref_p.shape[1])  # (b, P): no bias where a query has no box
+            attn_bias = torch.zeros(len(ok), ref_p.shape[1], device=ref_g.device)  # (b, P): 0 where no box
             for j, i in enumerate(ok):
                 if i in bias:
                     attn_bias[j] = bias[i]
@@ -299,7 +300,8 @@ class SearchEngine:
         if not (0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H):
             raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is not inside the {W} x {H} reference "
                              "(x0 < x1, y0 < y1, in pixels)")
-        return box_attention_bias(torch.tensor([[x0, y0, x1, y1]]), self.box_beta, (W, H), patch_grid(num_patches))
+        return box_attention_bias(torch.tensor([[x0, y0, x1, y1]], device="cpu"), self.box_beta, (W, H),
+                                  patch_grid(num_patches))  # on the CPU, beside the stored and encoded features
 
     def _depth(self, k: int, chord: float, excludes: bool) -> int:
         """How deep FAISS searches for one query: k, one more for an excluded reference, Chord's shortlist, and a PQ

@@ -228,10 +228,6 @@ class ImageStore:
             raise KeyError(f"id {int(np.asarray(ids)[slots < 0][0])} is not in the index")
         return self.vectors.read(slots)
 
-    def vector(self, image_id: int) -> np.ndarray | None:
-        slot = self.slots([image_id])[0]
-        return None if slot < 0 else self.vectors.read([slot])[0]
-
     def patch_rows(self, image_id: int) -> np.ndarray | None:
         """(P, D) float32 patches of `image_id`, or None when the index stores none."""
         slot = self.slots([image_id])[0]

@@ -150,13 +150,14 @@ def _sample(store, n: int, size: int, seed: int) -> np.ndarray:
     return store.vectors.read(np.concatenate(slots) if slots else np.zeros(0, np.int64))
 
 
-def _train(base, factory: str, store, n: int, cfg: VectorConfig) -> int:
+def _train(base, factory: str, n: int, size: int | None, draw) -> int:
+    """Trains `base` (when its type needs it) on `draw(k)`, k vectors of the n drawn at random (k: `size`, else
+    `default_train_size`); returns k, 0 when nothing was trained."""
     if base.is_trained:
         return 0
     if n == 0:
         raise ValueError(f"--index-type {factory!r} must be trained, and the index holds no vectors yet")
-    size = min(n, cfg.train_size or default_train_size(factory, n, base.d))
-    sample = _sample(store, n, size, cfg.seed)
+    sample = draw(min(n, size or default_train_size(factory, n, base.d)))
     try:
         base.train(np.ascontiguousarray(sample, dtype=np.float32))
     except RuntimeError as exc:
@@ -238,7 +239,7 @@ def build_faiss(store, out: str | Path, cfg: VectorConfig) -> dict:
     if cfg.ondisk and _ivf(base) is None:
         raise ValueError(f"--ondisk needs an IVF index (inverted lists), not {factory!r}")
     t0 = time.time()
-    trained_on = _train(base, factory, store, n, cfg)
+    trained_on = _train(base, factory, n, cfg.train_size, lambda k: _sample(store, n, k, cfg.seed))
     train_s = time.time() - t0
     index = _wrap(base)
     trained = faiss.clone_index(index)
@@ -351,19 +352,9 @@ def build_vector_index(ids: np.ndarray, vectors: np.ndarray, factory: str = "Fla
     """An in-memory FAISS index of `vectors` (N, D) float32 (normalised) under `ids` (N,) int64: the same rules
     as `build_faiss` for vectors already in memory (tests, experiments)."""
     base = _new_index(factory, vectors.shape[1])
-    if not base.is_trained:
-        n = len(vectors)
-        if n == 0:
-            raise ValueError(f"--index-type {factory!r} must be trained, and the index holds no vectors yet")
-        size = default_train_size(factory, n, vectors.shape[1])
-        rng = np.random.default_rng(seed)
-        sample = vectors[np.sort(rng.choice(n, size, replace=False))] if size < n else vectors
-        try:
-            base.train(np.ascontiguousarray(sample, dtype=np.float32))
-        except RuntimeError as exc:
-            raise ValueError(f"--index-type {factory!r} cannot be trained on {len(sample)} vectors "
-                             f"({str(exc).strip().splitlines()[-1]}); use fewer lists (e.g. "
-                             f"IVF{nlist_for(n)},Flat) or Flat for a small collection") from None
+    n = len(vectors)
+    rng = np.random.default_rng(seed)
+    _train(base, factory, n, None, lambda k: vectors[np.sort(rng.choice(n, k, replace=False))] if k < n else vectors)
     index = _wrap(base)
     if len(vectors):
         index.add_with_ids(np.ascontiguousarray(vectors, dtype=np.float32), np.ascontiguousarray(ids, dtype=np.int64))
