@@ -2,15 +2,19 @@
 
 Layout of a cache folder::
 
-    manifest.json                       backbone spec, dimensions, dtype, and a fingerprint of each item list
+    manifest.json                       backbone spec and its weights' sha256, dimensions, dtype, what the items
+                                        come from (`source`), and fingerprints of each item list and its ids
     images/shard-00000.safetensors      global (n, D), patches (n, P, D)
-    images/shard-00000.json             {"ids": [...], "sha256": ...}: written after its tensors, so it marks the
-                                        shard done, and records their content hash
+    images/shard-00000.json             {"ids": [...], "sha256": ..., "ids_sha256": ...}: written after its
+                                        tensors, so it marks the shard done; records their content hash and the
+                                        hash of its id list
     texts/shard-00000.safetensors       global (n, D); tokens (T, D) ragged, offsets (n + 1,): text i's tokens are
                                         rows offsets[i]:offsets[i + 1] (none for a text stored without tokens)
     texts/shard-00000.json
 
-Each shard's record holds the sha256 of its bytes, and their size and mtime when written. Extraction is resumable:
+Each shard's record holds the sha256 of its bytes, and their size and mtime when written, and the sha256 of its
+id list; the manifest holds the fingerprint of every id in row order (`ids_fingerprint`), so that an id changed in
+a record is caught by every reader and by `foco features verify`, not only a changed tensor. Extraction is resumable:
 finished shards are kept, and a rerun encodes only the missing ones, and again any damaged one (repaired, never
 reported as cached). Reading checks a shard's size and mtime against its record, and hashes only a shard whose
 size or mtime changed: a training start over terabytes re-hashes nothing. `foco features verify` hashes every
@@ -58,6 +62,7 @@ class ExtractConfig:
     tokens_for: frozenset[str] | None = None  # with tokens: only for these text ids (None: every text)
     out_flag: str = "--out"  # the flag that names this cache's folder, for error messages ("--cache" in foco eval)
     precision: str = "fp32"  # "bf16": encode under bf16 autocast (foco.utils.precision); part of the cache's identity
+    source: dict | None = None  # what the items come from (e.g. {"world": fingerprint, "split": ...}); checked
 
 
 def _cache_key(item: Any) -> str:
@@ -78,7 +83,8 @@ def _fingerprint(keys: Sequence[str]) -> str:
     return h.hexdigest()[:16]
 
 
-def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str], cfg: ExtractConfig) -> None:
+def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str], ids: Sequence[str],
+                    cfg: ExtractConfig) -> None:
     path = out / "manifest.json"
     manifest = read_json(path) if path.is_file() else {}
     want = {"backbone": backbone.spec, "embed_dim": backbone.embed_dim, "dtype": cfg.dtype,
@@ -88,13 +94,33 @@ def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str
         if k in have and have[k] != v:
             raise ValueError(f"{path}: cache was made with {k}={have[k]!r}, not {v!r}; use another "
                              f"{cfg.out_flag}" + (" or the same --precision" if k == "precision" else ""))
+    sha = getattr(backbone, "weights_sha256", None)
+    if sha and have.get("backbone_sha256") and have["backbone_sha256"] != sha:
+        raise ValueError(f"{path}: cache was made with other weights of {backbone.spec} (sha256 "
+                         f"{have['backbone_sha256'][:12]}..., now {sha[:12]}...): the backbone's files changed; use "
+                         f"another {cfg.out_flag}")
+    if cfg.source is not None and have.get("source") not in (None, cfg.source):
+        raise ValueError(f"{path}: cache holds features of {have['source']}, not of {cfg.source}; use another "
+                         f"{cfg.out_flag}")
+    if sha:
+        want["backbone_sha256"] = sha
+    if cfg.source is not None:
+        want["source"] = cfg.source
     entry = {"count": len(keys), "fingerprint": _fingerprint(keys)}
-    if kind in manifest and {k: manifest[kind][k] for k in entry} != entry:
+    if kind in manifest and {k: manifest[kind].get(k) for k in entry} != entry:
         raise ValueError(f"{path}: cache holds another list of {kind} ({manifest[kind]['count']} items); "
                          f"use another {cfg.out_flag}")
     manifest.update(want)
-    manifest[kind] = {**manifest.get(kind, {}), **entry}
+    manifest[kind] = {**manifest.get(kind, {}), **entry, "ids_fingerprint": _fingerprint(ids)}
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+
+
+def cache_fingerprint(manifest: dict) -> str:
+    """What a cache holds, in 16 hex digits: its manifest (backbone and weights, dimensions, dtype, precision,
+    source, every item list's and id list's fingerprint) without the timings of its last run."""
+    kept = {k: ({kk: vv for kk, vv in v.items() if kk != "last_run"} if isinstance(v, dict) else v)
+            for k, v in manifest.items()}
+    return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _record_speed(out: Path, kind: str, n: int, seconds: float) -> None:
@@ -112,7 +138,7 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     out.mkdir(parents=True, exist_ok=True)
     device = str(getattr(backbone, "device", "cpu"))  # "auto" precision resolves for the device that encodes
     cfg = replace(cfg, precision=resolve_precision(cfg.precision, device))
-    _check_manifest(out, kind, backbone, [f"{i}\t{_cache_key(p)}" for i, p in zip(ids, payload)], cfg)
+    _check_manifest(out, kind, backbone, [f"{i}\t{_cache_key(p)}" for i, p in zip(ids, payload)], ids, cfg)
     shard_dir = out / kind
     shard_dir.mkdir(exist_ok=True)
     for stale in shard_dir.glob(".shard-*.tmp"):  # a killed run's unfinished write (see atomic_write_bytes)
@@ -160,7 +186,16 @@ def write_shard(shard_dir: Path, s: int, tensors: dict[str, torch.Tensor], ids: 
     atomic_write_bytes(shard, data)
     st = shard.stat()
     atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({
-        "ids": ids, "sha256": hashlib.sha256(data).hexdigest(), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}))
+        "ids": ids, "sha256": hashlib.sha256(data).hexdigest(), "ids_sha256": ids_sha256(ids), "bytes": st.st_size,
+        "mtime_ns": st.st_mtime_ns}))
+
+
+def ids_sha256(ids: Sequence[str]) -> str:
+    """The hash of an id list, in order (each id NUL-terminated)."""
+    h = hashlib.sha256()
+    for i in ids:
+        h.update(str(i).encode("utf-8") + b"\0")
+    return h.hexdigest()
 
 
 def shard_problem(shard_dir: Path, s: int, deep: bool = False) -> str | None:
@@ -176,6 +211,11 @@ def shard_problem(shard_dir: Path, s: int, deep: bool = False) -> str | None:
         record = read_json(meta)
     except ValueError:
         return f"its record {meta.name} is unreadable"
+    ids = record.get("ids")
+    if not isinstance(ids, list):
+        return f"its record {meta.name} holds no id list"
+    if "ids_sha256" in record and ids_sha256(ids) != record["ids_sha256"]:
+        return f"its id list does not match the ids_sha256 recorded in {meta.name} (ids edited since extraction)"
     want = record.get("sha256")
     if want is None:
         return None
@@ -209,8 +249,27 @@ def verify_cache(path: str | Path) -> dict:
                 bad.append(f"{path / kind / f'shard-{s:05d}.safetensors'}: {problem}")
             else:
                 _restamp(path / kind, s)
+        if not bad:
+            problem = ids_problem(path, manifest, kind, [i for s in range(n_shards)
+                                                         for i in read_json(path / kind / f"shard-{s:05d}.json")["ids"]])
+            if problem:
+                bad.append(problem)
         report[kind] = {"shards": n_shards, "bad": bad}
     return report
+
+
+def ids_problem(path: Path, manifest: dict, kind: str, ids: list[str]) -> str | None:
+    """What is wrong with a kind's ids in row order against the manifest (their count and fingerprint), or None.
+    Caches written before the fingerprint was recorded are checked by count only."""
+    entry = manifest.get(kind) or {}
+    if len(ids) != entry.get("count"):
+        return (f"{path / kind}: the shard records hold {len(ids)} ids, but {path / 'manifest.json'} counts "
+                f"{entry.get('count')}")
+    want = entry.get("ids_fingerprint")
+    if want is not None and _fingerprint(ids) != want:
+        return (f"{path / kind}: the shard records' ids differ from those {path / 'manifest.json'} recorded at "
+                "extraction (an id list was edited)")
+    return None
 
 
 def _restamp(shard_dir: Path, s: int) -> None:
@@ -271,6 +330,18 @@ class FeatureCache:
         self.path = Path(path)
         self.manifest = read_json(self.path / "manifest.json")
 
+    @property
+    def backbone(self) -> dict:
+        """The backbone the cache was made with: {"spec", "weights_sha256"} (None where not recorded)."""
+        return {"spec": self.manifest.get("backbone"), "weights_sha256": self.manifest.get("backbone_sha256")}
+
+    def check_source(self, key: str, value, what: str, fix: str) -> None:
+        """Refuses a cache whose recorded source (`ExtractConfig.source`) has another `key` than `value` (e.g. the
+        world's fingerprint), naming both and `fix`; a cache that records none is not compared."""
+        have = (self.manifest.get("source") or {}).get(key)
+        if have is not None and value is not None and have != value:
+            raise ValueError(f"{self.path} holds features of {key} {have}, not of {what} ({key} {value}); {fix}")
+
     def _n_shards(self, kind: str) -> int:
         entry = self.manifest.get(kind)
         if entry is None:
@@ -298,9 +369,16 @@ class FeatureCache:
         return records
 
     def ids(self, kind: str) -> list[str]:
-        """The ids of `kind` ("images" or "texts") in row order, read from the shard records alone."""
-        return [i for s in range(self._n_shards(kind))
-                for i in read_json(self.path / kind / f"shard-{s:05d}.json")["ids"]]
+        """The ids of `kind` ("images" or "texts") in row order, read from the shard records alone, checked against
+        the manifest's fingerprint of them."""
+        return self._checked_ids(kind, [i for s in range(self._n_shards(kind))
+                                        for i in read_json(self.path / kind / f"shard-{s:05d}.json")["ids"]])
+
+    def _checked_ids(self, kind: str, ids: list[str]) -> list[str]:
+        problem = ids_problem(self.path, self.manifest, kind, ids)
+        if problem:
+            raise ValueError(f"{problem}; {_FIX} into a new --out")
+        return ids
 
     def rows(self, kind: str) -> tuple[list[str], "Rows"]:
         """Ids in row order and the kind's shards as one row space (`foco.feature_store.Rows`), every shard checked
@@ -308,7 +386,8 @@ class FeatureCache:
         from .feature_store import Rows
         records = self._records(kind)
         paths = [self.path / kind / f"shard-{s:05d}.safetensors" for s in range(len(records))]
-        return [i for r in records for i in r["ids"]], Rows(paths, [len(r["ids"]) for r in records], _FIX)
+        ids = self._checked_ids(kind, [i for r in records for i in r["ids"]])
+        return ids, Rows(paths, [len(r["ids"]) for r in records], _FIX)
 
     def images(self, dtype: torch.dtype | None = torch.float32, patches: bool = True
                ) -> tuple[list[str], ImageFeatures]:

@@ -100,7 +100,9 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     foco_dir = out / f"foco{suffix}"
     if not (foco_dir / "foco.safetensors").is_file():
         table, _ = pair_table(source)
-        train_foco(table, foco_dir, plan.foco, resume=True, meta={"backbone": backbone.spec})
+        from .train.inputs import features_provenance
+        train_foco(table, foco_dir, plan.foco, resume=True,
+                   meta={"backbone": backbone.spec, "provenance": features_provenance(source.features)})
     timings["foco_train_s"] = time.time() - t
 
     t = _stage("edit triplets and foco-edits (a third stage, not in the FoCo paper)")

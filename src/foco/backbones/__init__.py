@@ -27,4 +27,47 @@ def create_backbone(spec: str, device: str = "cpu") -> Backbone:
     return BACKBONES.get(kind)(arg, device=device)
 
 
-__all__ = ["BACKBONES", "Backbone", "ImageFeatures", "TextFeatures", "create_backbone", "list_backbones"]
+def canonical_spec(spec: str) -> str:
+    """A spec as a backbone built from it records it, without building it: a local folder resolved (`world:PATH`,
+    `hf:PATH`), a name (`world:pretrained`, a hub id) as it is. Two spellings of one backbone compare equal."""
+    import os
+    kind, sep, arg = spec.partition(":")
+    if not sep or kind not in BACKBONES or (kind == "world" and arg == "pretrained"):
+        return spec
+    path = os.path.expanduser(arg)
+    return f"{kind}:{os.path.realpath(path)}" if os.path.isdir(path) else spec
+
+
+def backbone_record(backbone: Backbone) -> dict:
+    """What an artifact made with `backbone` records of it: {"spec", "weights_sha256"} (None where unknown)."""
+    return {"spec": backbone.spec, "weights_sha256": getattr(backbone, "weights_sha256", None)}
+
+
+def as_record(recorded) -> dict:
+    """A backbone as an artifact records it: a spec string (artifacts before issue 24) or {"spec",
+    "weights_sha256"}; a backbone object gives its record."""
+    if recorded is None:
+        return {"spec": None, "weights_sha256": None}
+    if isinstance(recorded, str):
+        return {"spec": recorded, "weights_sha256": None}
+    if isinstance(recorded, dict):
+        return {"spec": recorded.get("spec"), "weights_sha256": recorded.get("weights_sha256")}
+    return backbone_record(recorded)
+
+
+def check_same_backbone(have, have_what: str, want, want_what: str, fix: str) -> None:
+    """Refuses two artifacts (or an artifact and a backbone) made with different backbones, naming both sides and
+    `fix`: their specs differ (compared resolved, `canonical_spec`), or both record weights and those differ.
+    A side that records nothing is not compared."""
+    a, b = as_record(have), as_record(want)
+    if a["spec"] is None or b["spec"] is None:
+        return
+    if canonical_spec(a["spec"]) != canonical_spec(b["spec"]):
+        raise ValueError(f"backbones differ: {have_what} is of {a['spec']}, {want_what} of {b['spec']}; {fix}")
+    if a["weights_sha256"] and b["weights_sha256"] and a["weights_sha256"] != b["weights_sha256"]:
+        raise ValueError(f"{have_what} was made with other weights of {a['spec']} (sha256 "
+                         f"{a['weights_sha256'][:12]}...) than {want_what} ({b['weights_sha256'][:12]}...): the "
+                         f"backbone's files changed in between; {fix}")
+
+
+__all__ = ["as_record", "check_same_backbone", "backbone_record", "canonical_spec", "BACKBONES", "Backbone", "ImageFeatures", "TextFeatures", "create_backbone", "list_backbones"]

@@ -43,6 +43,9 @@ SigLIP 2 (``model_type == "siglip2"``, variable-resolution NaFlex inputs) is not
 """
 from __future__ import annotations
 
+import functools
+import hashlib
+
 import importlib.util
 import os
 from typing import Sequence
@@ -190,6 +193,19 @@ class HFBackbone:
     def spec(self) -> str:
         """The registry string that recreates this backbone."""
         return f"hf:{self.name_or_path}"
+
+    @functools.cached_property
+    def weights_sha256(self) -> str | None:
+        """The sha256 over the checkpoint folder's weight files (name and bytes, in name order), recorded with what
+        is made from this backbone; None for a hub id (no local file to hash)."""
+        if not os.path.isdir(self.name_or_path):
+            return None
+        from ..utils.io import sha256_file
+        files = sorted(f for f in os.listdir(self.name_or_path) if f.endswith((".safetensors", ".bin")))
+        h = hashlib.sha256()
+        for f in files:
+            h.update(f.encode() + b"\0" + sha256_file(os.path.join(self.name_or_path, f)).encode())
+        return h.hexdigest()
 
     def encode_images(self, images: Sequence[Image.Image], device: str | torch.device = "cpu") -> ImageFeatures:
         """Encodes a batch of B images into a normalised global (B, D) and projected patches (B, P, D), float32 on

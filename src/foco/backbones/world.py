@@ -198,6 +198,7 @@ class WorldBackbone:
         # provenance that works from any folder: the resolved path, or a name every machine resolves (`pretrained`)
         self._path = name or (str(Path(path).resolve()) if path else path)
         self._minilm: FrozenMiniLM | None = None
+        self.weights_sha256: str | None = None  # set by `load_world_backbone` (provenance)
 
     @property
     def spec(self) -> str:
@@ -294,4 +295,6 @@ def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") ->
     raw["widths"] = tuple(raw["widths"])
     model = WorldCLIP(WorldBackboneConfig(**raw))
     load_weights(model, load_tensors(path / WEIGHTS_NAME, fix), path / WEIGHTS_NAME, fix)
-    return WorldBackbone(model, str(path), device, name=PRETRAINED if shipped else None)
+    backbone = WorldBackbone(model, str(path), device, name=PRETRAINED if shipped else None)
+    backbone.weights_sha256 = want or sha256_file(path / WEIGHTS_NAME)  # provenance: what the weights are
+    return backbone

@@ -85,6 +85,7 @@ class CIRBenchmark:
     protocol: EvalProtocol
     discarded: int = 0  # annotation entries the official evaluation leaves out (GeneCIS: non-modal galleries)
     options: dict[str, Any] = field(default_factory=dict)  # reader options in force, reported with results
+    source: dict[str, Any] = field(default_factory=dict)  # what it was read from (the world's fingerprint); checked
 
     @property
     def has_targets(self) -> bool:

@@ -34,6 +34,7 @@ class PartFeatures:
     references: ImageFeatures  # (R, D) in memory; (R, P, D) patches a RowView, read per batch
     text_ids: list[str]  # the texts themselves
     texts: StoredTexts  # (T, D) in memory; tokens read per batch (`texts.take(rows)` -> TextFeatures)
+    backbone: dict | None = None  # what the features were made with: {"spec", "weights_sha256"}; checked
 
 
 def backbone_slug(spec: str) -> str:
@@ -66,7 +67,14 @@ def cache_part(backbone: Backbone, bench: CIRBenchmark, folder: Path, cfg: Extra
 
 def load_part(bench: CIRBenchmark, folder: Path) -> PartFeatures:
     """The part's gallery globals in memory; reference patches and text tokens are read a batch at a time."""
-    gallery_ids, gallery = FeatureCache(folder / "gallery").stored_images()
-    reference_ids, references = FeatureCache(folder / "references").stored_images()
-    text_ids, texts = FeatureCache(_texts_folder(folder, bench.texts())).stored_texts()
-    return PartFeatures(gallery_ids, gallery.global_, reference_ids, references, text_ids, texts)
+    caches = [FeatureCache(folder / "gallery"), FeatureCache(folder / "references"),
+              FeatureCache(_texts_folder(folder, bench.texts()))]
+    from ..backbones import check_same_backbone
+    for other in caches[1:]:
+        check_same_backbone(other.backbone, str(other.path), caches[0].backbone, str(caches[0].path),
+                            f"delete {folder} and evaluate again to encode it anew")
+    gallery_ids, gallery = caches[0].stored_images()
+    reference_ids, references = caches[1].stored_images()
+    text_ids, texts = caches[2].stored_texts()
+    return PartFeatures(gallery_ids, gallery.global_, reference_ids, references, text_ids, texts,
+                        backbone=caches[0].backbone)

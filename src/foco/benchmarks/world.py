@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 from ..features import FeatureCache
+from ..world.generate import world_fingerprint
 from ..world.manifest import load_benchmark
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, ImageRef, ReaderOption
 from .cache import PartFeatures
@@ -25,6 +26,7 @@ PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, s
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")
                ) -> list[CIRBenchmark]:
     parts = []
+    source = {"world": world_fingerprint(root)}
     for protocol in protocols:
         b = load_benchmark(root, split, protocol)
         queries = [CIRQuery(id=qid, reference=ref, texts=(mod,), targets=list(targets), subset=list(subset),
@@ -33,7 +35,8 @@ def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...]
                                                                    b.targets, b.subsets, b.edit_types)]
         parts.append(CIRBenchmark(name=f"world/{protocol}", split=split,
                                   images={g: ImageRef(p) for g, p in zip(b.gallery_ids, b.gallery_images)},
-                                  gallery=list(b.gallery_ids), queries=queries, protocol=PROTOCOLS[protocol]))
+                                  gallery=list(b.gallery_ids), queries=queries, protocol=PROTOCOLS[protocol],
+                                  source=source))
     return parts
 
 
@@ -42,6 +45,10 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
     in memory, and the references' patches (every reference is a gallery image) and the query texts' tokens read
     from the cache's shards a batch at a time."""
     fc = FeatureCache(cache)
+    protocol = bench.name.split("/")[-1]
+    fc.check_source("world", bench.source.get("world"), "the benchmark's --root",
+                    f"pass the --root these features were extracted from, or extract this world's with `foco "
+                    f"features extract --split {bench.split}/{protocol}`")
     ids, gallery = fc.stored_images()
     if ids != bench.gallery_ids():
         protocol = bench.name.split("/")[-1]
@@ -55,7 +62,7 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
         raise ValueError(f"{len(missing)} modification texts are missing from {cache}")
     rows = torch.tensor([tpos[t] for t in wanted], dtype=torch.long)  # (T,)
     return PartFeatures(gallery_ids=ids, gallery=gallery.global_, reference_ids=ids, references=gallery,
-                        text_ids=wanted, texts=texts.subset(rows))
+                        text_ids=wanted, texts=texts.subset(rows), backbone=fc.backbone)
 
 
 READER = BenchmarkReader(read_world, (

@@ -4,13 +4,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_device_arg, nonneg_int, positive_float, positive_int, print_table
+from .common import add_allow_changed, add_device_arg, nonneg_int, positive_float, positive_int, print_table
 
 
 def _train(a: argparse.Namespace) -> int:
     from ..train.world_backbone import BackboneTrainConfig, train_world_backbone
     cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
-                              device=a.device)
+                              device=a.device, allow_changed=a.allow_changed)
     metrics = train_world_backbone(a.world, a.out, cfg, resume=not a.no_resume)
     print_table("world backbone on backbone_val", metrics)
     print(f"saved to {a.out} (model.safetensors + config.json); use it as --backbone world:{a.out}")
@@ -39,6 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")
     add_device_arg(t)
+    add_allow_changed(t)
     t.set_defaults(func=_train)
     e = bb.add_parser("eval", help="caption<->image retrieval of a backbone on a pairs split")
     e.add_argument("--backbone", required=True, help="e.g. world:runs/backbone or hf:PATH")

@@ -83,6 +83,21 @@ def check_resume(a: argparse.Namespace) -> None:
         raise ValueError(f"--resume: {a.out} holds no training run to continue; drop --resume to start one")
 
 
+def add_allow_changed(p: argparse.ArgumentParser) -> None:
+    """--allow-changed on every trainer: settings a resumed run may change, recorded from where it stands."""
+    p.add_argument("--allow-changed", type=setting_list, default=(), metavar="SETTING[,SETTING]",
+                   help="with --resume: train on with these settings changed (e.g. lr-stage1); the change is recorded "
+                        "from the epoch it takes effect, never over the past (otherwise a changed setting is refused)")
+
+
+def setting_list(v: str) -> tuple[str, ...]:
+    """argparse type: comma-separated setting names, as flags ("lr-stage1") or fields ("lr_stage1")."""
+    names = tuple(n.strip().lstrip("-").replace("-", "_") for n in v.split(",") if n.strip())
+    if not names:
+        raise argparse.ArgumentTypeError("name at least one setting, e.g. --allow-changed lr-stage1")
+    return names
+
+
 def float_or_val(v: str | None) -> float | str | None:
     """A number, or "val" (choose it on the val split), or None."""
     if v is None or v == "val":

@@ -5,7 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_device_arg, check_resume, nonneg_float, nonneg_int, positive_float, positive_int
+from .common import (add_allow_changed, add_device_arg, check_resume, nonneg_float, nonneg_int, positive_float,
+                     positive_int)
 
 
 def _common(a: argparse.Namespace):
@@ -37,7 +38,8 @@ def _pact_train(a: argparse.Namespace) -> int:
                           lr_warmup=a.lr_warmup, lr_mapper=a.lr_mapper, lr_text=a.lr_text,
                           compose_weight=a.compose_weight, preserve_weight=a.preserve_weight,
                           visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
-                          max_steps=a.max_steps, seed=a.seed, text=text, device=a.device)
+                          max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
+                          allow_changed=a.allow_changed)
     train_pact(edits, backbone, a.out, cfg, resume=a.resume)
     if not _leave():
         return 0
@@ -52,7 +54,8 @@ def _tscir_train(a: argparse.Namespace) -> int:
     cfg = TSCIRTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                            lr_stage1=a.lr_stage1, lr_stage2=a.lr_stage2, soft_weight=a.soft_weight,
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
-                           max_steps=a.max_steps, seed=a.seed, text=text, device=a.device)
+                           max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
+                          allow_changed=a.allow_changed)
     _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
     if not _leave():
         return 0
@@ -101,6 +104,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_allow_changed(p)
     add_device_arg(p)
     p.add_argument("--dist-timeout", type=positive_int, default=120,
                    help="under torchrun: seconds a rank waits for the others before the job stops")

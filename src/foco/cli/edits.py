@@ -70,7 +70,6 @@ def _rewrite(a: argparse.Namespace) -> int:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..decompose import DECOMPOSERS
-    from ..edits import WRITERS
     ed = sub.add_parser("edits", help="edit supervision written from captions").add_subparsers(dest="action",
                                                                                              required=True)
     g = ed.add_parser("generate", help="ITT triplets (instruction, target caption, negatives) from decompositions")

@@ -83,6 +83,9 @@ def _eval(a: argparse.Namespace) -> int:
     options = _reader_options(a, name)
     methods = tuple(a.methods.split(","))
     spec = a.backbone or checkpoint_backbone(a.checkpoint)
+    if a.features and not a.backbone:  # the features say what they were made with; a checkpoint is checked
+        from ..eval.evaluate import world_features_backbone
+        spec = world_features_backbone(Path(a.features), split) or spec
     parts = read_benchmark(name, root, split, **options)  # every file checked before any encoding
     backbone = None
     if spec and (not a.features or needs_text_tower(methods)):
@@ -99,7 +102,7 @@ def _eval(a: argparse.Namespace) -> int:
                                            tscir=Path(a.tscir) if a.tscir else None, backbone=backbone),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
-    results = evaluate(parts, features, cfg, backbone_spec=spec)
+    results = evaluate(parts, features, cfg, backbone_spec=a.backbone if a.features else spec)
     print(results_table(results))
     if a.chord is not None:
         print("scores: Chord (cosine + lambda * direction agreement)")

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_decomposition_args, add_device_arg, check_resume, nonneg_float, nonneg_int, positive_float,
-                     positive_int)
+from .common import (add_allow_changed, add_decomposition_args, add_device_arg, check_resume, nonneg_float, nonneg_int,
+                     positive_float, positive_int)
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -90,7 +90,8 @@ def _train(a: argparse.Namespace) -> int:
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
-                          precision=a.precision, compile=a.compile, device=env.device)
+                          precision=a.precision, compile=a.compile, device=env.device,
+                          allow_changed=a.allow_changed)
     if a.online:
         from ..train.inputs import online_table
         if a.backbone is None or a.edits:
@@ -105,6 +106,8 @@ def _train(a: argparse.Namespace) -> int:
             raise ValueError("foco train needs --features (a feature cache or corpus), or --online with --backbone")
         table, sharded = pair_table(pair_source(a), env)
         spec = features_backbone(a.features)
+        from ..train.inputs import features_provenance
+        provenance = features_provenance(a.features)
     if sharded:
         print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
     edits = None
@@ -115,7 +118,9 @@ def _train(a: argparse.Namespace) -> int:
             from ..train.targets import parse_threshold
             edits, match = edits.with_targets(parse_threshold(a.target_threshold))
             print(match.summary())
-    train_foco(table, a.out, cfg, resume=a.resume, meta={"backbone": spec}, edits=edits, sharded=sharded)
+    meta = {"backbone": spec, "provenance": provenance if not a.online else {"backbone": {"spec": spec},
+                                                                             "online": a.inp}}
+    train_foco(table, a.out, cfg, resume=a.resume, meta=meta, edits=edits, sharded=sharded)
     shutdown(env)
     if not env.is_main:
         return 0
@@ -128,12 +133,18 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..features import FeatureCache
     from ..train.pic2word import Pic2WordTrainConfig, train_pic2word
+    from ..backbones import check_same_backbone
+    from ..train.inputs import features_provenance
     cache = FeatureCache(a.features)
     spec = a.backbone or cache.manifest["backbone"]
+    check_same_backbone(spec, "--backbone", cache.backbone, f"the features in {a.features}",
+                        f"leave --backbone out (the features' {cache.backbone['spec']}), or extract features with it")
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
-    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device)
-    train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True)
+    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
+                              allow_changed=a.allow_changed)
+    train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
+                   meta={"provenance": features_provenance(a.features)})
     shutdown(env)
     if env.is_main:
         print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
@@ -208,6 +219,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     add_precision_arg(tr)
     add_device_arg(tr)
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_allow_changed(tr)
     ed = tr.add_argument_group("foco-edits: a third stage on edit triplets (NOT in the FoCo paper)")
     ed.add_argument("--edits", default=None, help="SQLite store of `foco edits generate` (off: the paper's recipe)")
     ed.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
@@ -234,6 +246,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                     help="peak learning rate (linear warm-up, then cosine decay)")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     add_device_arg(pt)
+    add_allow_changed(pt)
     pt.add_argument("--dist-timeout", type=positive_int, default=120,
                     help="under torchrun: seconds a rank waits for the others before the job stops")
     pt.set_defaults(func=_pic2word_train)

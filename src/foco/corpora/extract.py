@@ -22,7 +22,7 @@ from PIL import Image
 
 from ..backbones.base import Backbone
 from ..decompose.schema import Decomposition
-from ..features import ExtractConfig, FeatureCache, extract_images, extract_texts
+from ..features import ExtractConfig, extract_images, extract_texts
 from ..utils.io import atomic_write_text, read_json
 from .webdataset import iter_shard, shard_paths
 
@@ -62,9 +62,18 @@ def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: Extra
     (a store's `get_many`, asked one shard at a time); every sample's caption must have one."""
     out = Path(out)
     shards = shard_paths(pattern)
+    record = {"pattern": pattern, "backbone": backbone.spec, "parts": [s.stem for s in shards]}
+    sha = getattr(backbone, "weights_sha256", None)
+    if sha:
+        record["backbone_sha256"] = sha
+    if (out / "corpus.json").is_file():  # a rerun resumes the same corpus; finished parts are never re-checked
+        have = read_json(out / "corpus.json")
+        for key in ("backbone", "backbone_sha256"):
+            if key in have and key in record and have[key] != record[key]:
+                raise ValueError(f"{out / 'corpus.json'}: this corpus was extracted with {key} {have[key]!r}, not "
+                                 f"{record[key]!r}; rerun with the same --backbone, or choose another --out")
     if rank == 0:
-        atomic_write_text(out / "corpus.json", json.dumps({"pattern": pattern, "backbone": backbone.spec,
-                                                          "parts": [s.stem for s in shards]}, indent=2) + "\n")
+        atomic_write_text(out / "corpus.json", json.dumps(record, indent=2) + "\n")
     done_now = skipped = 0
     for n, shard in enumerate(shards):
         if n % world_size != rank:

@@ -3,7 +3,6 @@ transaction, keyed by (source id, settings id), so that a killed job loses nothi
 from __future__ import annotations
 
 import json
-import sqlite3
 from pathlib import Path
 from typing import Any, Iterable
 

@@ -18,7 +18,9 @@ from typing import Callable, Union
 from ..benchmarks.base import CIRBenchmark
 from ..benchmarks.cache import PartFeatures, cache_part, load_part, part_folder
 from ..features import ExtractConfig
+from ..backbones import check_same_backbone
 from ..methods import DEFAULT_METHODS, MethodOptions, QueryMethod, build_method
+from ..methods.base import check_trained_on
 from ..model.encoder import ComposedQuery
 from .compose import compose, reference_rows
 from .rank import Chord, Rankings, rank, score, score_by_category
@@ -71,6 +73,14 @@ def world_cache_features(features: Path) -> FeatureSource:
     return source
 
 
+def world_features_backbone(features: Path, split: str) -> str | None:
+    """The backbone spec recorded by the world caches of `split` under `features` (the first found), or None."""
+    from ..utils.io import read_json
+    for manifest in sorted(Path(features).glob(f"{split}-*/manifest.json")):
+        return read_json(manifest).get("backbone")
+    return None
+
+
 def val_parts(read_val: Callable[[], list[CIRBenchmark]], features: FeatureSource) -> ValSource:
     """A `ValSource` that reads the val parts and their features once, on first use."""
     loaded: dict[str, tuple[CIRBenchmark, PartFeatures]] = {}
@@ -98,10 +108,16 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
                      "checkpoint": str(cfg.options.checkpoint) if cfg.options.checkpoint else None,
                      "options": parts[0].options, "parts": {}, "chosen": {}, "submissions": []}
     opts = cfg.options if cfg.slerp_alpha in (None, "val") else replace(cfg.options, slerp_alpha=float(cfg.slerp_alpha))
+    if cfg.options.backbone is not None and backbone_spec is not None:
+        check_same_backbone(cfg.options.backbone, "the text tower", backbone_spec, "--backbone",
+                            "build both from one spec")
     fixed = {n: build_method(n, opts=opts) for n in cfg.methods if not (n == "slerp" and cfg.slerp_alpha == "val")}
     try:
         for bench in parts:
             feats = features(bench)
+            _check_provenance(bench, feats, cfg, backbone_spec)
+            if feats.backbone and feats.backbone.get("spec"):
+                results["backbone"] = feats.backbone["spec"]  # what the numbers were computed on
             entry = {"queries": len(bench.queries), "gallery": len(bench.gallery_ids()), "discarded": bench.discarded,
                      "methods": {}}
             for name in cfg.methods:
@@ -133,12 +149,29 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
     return results
 
 
+def _check_provenance(bench: CIRBenchmark, feats: PartFeatures, cfg: EvalConfig, backbone_spec: str | None) -> None:
+    """The features of `bench` were made with the backbone the user named (`backbone_spec`), the text tower the
+    methods re-encode with, and the one every trained method was trained on; else refused, naming both."""
+    if not feats.backbone or not feats.backbone.get("spec"):
+        return
+    what = f"the features of {bench.name} {bench.split}"
+    if backbone_spec is not None:
+        check_same_backbone(backbone_spec, "--backbone", feats.backbone, what,
+                            f"pass --backbone {feats.backbone['spec']} (or leave it out), or features made with "
+                            f"{backbone_spec}")
+    if cfg.options.backbone is not None:
+        check_same_backbone(cfg.options.backbone, "the text tower", feats.backbone, what,
+                            f"pass --backbone {feats.backbone['spec']}")
+    check_trained_on(cfg.options, feats.backbone, what, "use features made with the backbone it records")
+
+
 def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBenchmark, PartFeatures]:
     if cfg.val is None:
         raise ValueError(f"choosing {what} on val needs the val split's features")
     val = cfg.val()
     if bench.name not in val:
         raise ValueError(f"the val split has no part {bench.name!r} to choose {what} on")
+    _check_provenance(*val[bench.name], cfg, None)
     return val[bench.name]
 
 

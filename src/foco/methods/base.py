@@ -44,6 +44,37 @@ class MethodOptions:
     backbone: "Backbone | None" = None  # the text tower, for methods with needs_text_tower
 
 
+# MethodOptions field -> (its flag, the file in the folder that records the backbone)
+_RECORDS = {"checkpoint": ("--checkpoint", "foco.json"), "foco_edits": ("--foco-edits", "foco.json"),
+            "pic2word": ("--pic2word", "pic2word.json"), "pact": ("--pact", "composer.json"),
+            "tscir": ("--tscir", "composer.json")}
+
+
+def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
+    """(flag, folder, recorded backbone) of every trained method's folder in `opts` that records one: each was
+    trained on features of that backbone, and must be used on features of the same."""
+    from ..utils.io import read_json
+    out = []
+    for name, (flag, config) in _RECORDS.items():
+        folder = getattr(opts, name)
+        if folder is None or not (Path(folder) / config).is_file():
+            continue
+        meta = read_json(Path(folder) / config)
+        recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
+        if recorded is not None:
+            out.append((flag, Path(folder), recorded))
+    return out
+
+
+def check_trained_on(opts: MethodOptions, backbone, what: str, fix: str) -> None:
+    """Refuses a trained method's folder made on another backbone's features than `backbone` (a record or a
+    spec) of `what`, naming both, the flag and `fix`."""
+    from ..backbones import check_same_backbone
+    for flag, folder, recorded in recorded_backbones(opts):
+        check_same_backbone(recorded, f"{flag} {folder}", backbone, what,
+                            f"{fix}, or pass a {flag} trained on that backbone's features")
+
+
 class QueryMethod:
     """Base of every method: `encode(QueryBatch) -> ComposedQuery` with `query` (B, D) L2-normalised.
 

@@ -36,7 +36,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..backbones import create_backbone
+from ..backbones import canonical_spec, create_backbone
 from ..utils.io import atomic_write_text, read_json, sha256_file
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
@@ -117,14 +117,16 @@ def _check_format(out: Path, meta: dict) -> None:
 def _check_config(out: Path, cfg: IndexConfig) -> dict:
     meta_path = out / "index.json"
     want = {"format_version": FORMAT_VERSION, "images": str(Path(cfg.images).resolve()),
-            "backbone": cfg.backbone, "index_type": cfg.index_type, "with_patches": cfg.with_patches,
+            "backbone": canonical_spec(cfg.backbone), "index_type": cfg.index_type, "with_patches": cfg.with_patches,
             "precision": resolve_precision(cfg.precision), "train_size": cfg.train_size,
             "max_index_memory": cfg.max_index_memory}
     if meta_path.is_file():
         have = read_json(meta_path)
         _check_format(out, have)
         diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items()
-                if k not in ("index_type", "train_size", "max_index_memory") and have.get(k) != v]
+                if k not in ("index_type", "train_size", "max_index_memory", "backbone") and have.get(k) != v]
+        if canonical_spec(have.get("backbone", "")) != want["backbone"]:
+            diff.append(f"backbone {have.get('backbone')!r} (now {want['backbone']!r})")
         if diff:
             raise ValueError(f"{out} indexes with " + ", ".join(diff) + "; use `foco index update` with the same "
                              "settings, or choose another --out")
@@ -163,7 +165,8 @@ def _exclusive(out: Path):
 
 
 def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, device: str, root: Path) -> IndexStats:
-    previous = read_json(out / "index.json").get("vectors") if (out / "index.json").is_file() else None
+    previous_meta = read_json(out / "index.json") if (out / "index.json").is_file() else None
+    previous = (previous_meta or {}).get("vectors")
     atomic_write_text(out / "index.json", json.dumps({**meta, "building": True, "vectors": previous}, indent=2) + "\n")
     t0 = time.time()
     files = walk_images(root)
@@ -215,8 +218,10 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
     seconds = time.time() - t0
     stats = IndexStats(indexed, encoded, unchanged, touched, len(gone), len(skipped), round(seconds, 2),
                        round(encoded / seconds, 1) if encoded and seconds else 0.0, vec.get("growth"))
+    sha = getattr(backbone, "weights_sha256", None) or (previous_meta or {}).get("backbone_sha256")
     atomic_write_text(out / "index.json", json.dumps({**meta, "dim": dim, "count": indexed, "vectors": vec,
-                                                      "last_run": asdict(stats)}, indent=2) + "\n")
+                                                      "backbone_sha256": sha, "last_run": asdict(stats)},
+                                                     indent=2) + "\n")
     return stats
 
 

@@ -24,9 +24,10 @@ import numpy as np
 import torch
 from PIL import Image
 
-from ..backbones import create_backbone
+from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods import METHODS, MethodOptions, QueryBatch, build_method
+from ..methods.base import check_trained_on
 from ..model.box import box_attention_bias, patch_grid
 from ..utils.io import read_json
 from ..utils.precision import autocast
@@ -105,9 +106,14 @@ class SearchEngine:
             raise ValueError(f"{folder}: the last `foco index build` did not finish; rerun `foco index update "
                              f"{folder}`")
         backbone = create_backbone(meta["backbone"], device=device)
+        indexed = {"spec": meta["backbone"], "weights_sha256": meta.get("backbone_sha256")}
+        fix = "build an index with that backbone (`foco index build --backbone ...`)"
+        check_same_backbone(backbone, f"the backbone at {meta['backbone']} now", indexed, f"the index {folder}",
+                            "rebuild the index into a new --out (`foco index build`)")
         opts = MethodOptions(checkpoint=Path(checkpoint) if checkpoint else None,
                              pic2word=Path(pic2word) if pic2word else None,
                              foco_edits=Path(foco_edits) if foco_edits else None, backbone=backbone)
+        check_trained_on(opts, indexed, f"the index {folder}", fix)
         vec = meta.get("vectors") or {}
         index = load_vector_index(folder / "vectors.faiss", ivf=vec.get("nlist") is not None,
                                   ondisk=bool(vec.get("ondisk")))

@@ -13,7 +13,6 @@ import torch.nn.functional as F
 
 from ..decompose.schema import Decomposition
 from ..feature_store import Rows
-from ..backbones.base import ImageFeatures, TextFeatures
 from ..features import FeatureCache
 
 log = logging.getLogger(__name__)

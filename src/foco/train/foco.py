@@ -7,7 +7,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from .data import PairTable
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
 from .distributed import DistEnv, current, ddp, gather_rows, rank_slice
 from .losses import Columns, foco_losses, local_columns, plan_negatives, plan_on
 from ..model import ComposedQueryEncoder, FoCoConfig
@@ -58,6 +58,7 @@ class FoCoTrainConfig:
     compile: str | None = None  # torch.compile backend of the losses' forward ("inductor" for GPUs); None: eager
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
     model: FoCoConfig = field(default_factory=FoCoConfig)
+    allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded per phase
 
 
 def _optimizer(model: ComposedQueryEncoder, cfg: FoCoTrainConfig, stage: int) -> torch.optim.AdamW:
@@ -133,7 +134,8 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
     return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs,
                  optimizer=lambda: _optimizer(model, cfg, stage), step=step,
                  objective="comp" if with_comp and not cfg.aggr_loss_in_stage2 else "loss",
-                 tag={"stage": stage}, record=temperatures, local=sharded, prefetch=prefetch)
+                 tag={"stage": stage}, record=temperatures, local=sharded, prefetch=prefetch,
+                 settings=("stage2_epochs", "lr_aggr", "lr_comp", "aggr_loss_in_stage2") if with_comp else ())
 
 
 def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig, env: DistEnv = DistEnv(),
@@ -155,7 +157,12 @@ def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainC
                   {"params": list(model.comp.parameters()), "lr": cfg.lr_edit_comp}]
         return torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
 
-    return Phase(epochs=cfg.stage3_epochs, optimizer=optimizer, step=step, tag={"stage": 3}, n=len(edits))
+    return Phase(epochs=cfg.stage3_epochs, optimizer=optimizer, step=step, tag={"stage": 3}, n=len(edits),
+                 settings=_STAGE3)
+
+
+_STAGE3 = ("stage3_epochs", "lr_edit_aggr", "lr_edit_comp", "edit_temperature", "preserve_weight", "edit_negatives",
+           "image_weight")
 
 
 def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
@@ -196,17 +203,17 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
                       plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                  (", then the edit stage)" if cfg.stage3_epochs else ")"),
                       identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision,
-                      device=env.device)
+                      device=env.device, settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
     phases = [_stage(model, table, cfg, gen, s, env, objective, sharded and env.enabled) for s in (1, 2)]
     if cfg.stage3_epochs > 0:
         phases.append(_edit_stage(model, edits, cfg, env, objective))
-    run(model, phases, out, loop, rng, resume, gen, on_step)
+    history = run(model, phases, out, loop, rng, resume, gen, on_step)
     if not env.is_main:
         return model
     model.save(out)
     recipe = {"recipe": "foco-edits: the paper's two stages, then a third on edit triplets (not in the FoCo paper)"} \
         if cfg.stage3_epochs else {}
-    _add_meta(out, {"train": {k: v for k, v in asdict(cfg).items() if k != "model"}, **recipe, **(meta or {})})
+    _add_meta(out, {**recorded_settings(history), **recipe, **(meta or {})})
     return model
 
 

@@ -37,13 +37,36 @@ def features_backbone(features: str | Path) -> str:
     return FeatureCache(features).manifest["backbone"]
 
 
+def features_provenance(features: str | Path) -> dict:
+    """What a checkpoint trained on `features` records of them: {"backbone": {"spec", "weights_sha256"},
+    "features": {"path", "fingerprint"}} (a feature corpus: its corpus.json's sha256)."""
+    from ..corpora.extract import is_corpus
+    from ..features import FeatureCache, cache_fingerprint
+    from ..utils.io import read_json, sha256_file
+    path = Path(features).resolve()
+    if is_corpus(features):
+        meta = read_json(path / "corpus.json")
+        return {"backbone": {"spec": meta["backbone"], "weights_sha256": meta.get("backbone_sha256")},
+                "features": {"path": str(path), "fingerprint": sha256_file(path / "corpus.json")[:16]}}
+    fc = FeatureCache(features)
+    return {"backbone": fc.backbone, "features": {"path": str(path), "fingerprint": cache_fingerprint(fc.manifest)}}
+
+
 def pair_table(src: PairSource, env: DistEnv = DistEnv(), max_pairs: int = 5) -> tuple[StreamingPairTable, bool]:
     """(table, sharded): under torchrun with a feature corpus, this rank's own shards (`sharded`); otherwise the
     whole table. A corpus is joined one shard at a time with the decompositions of that shard's captions, so that
     memory holds no corpus-sized structure."""
     from ..corpora.extract import is_corpus
     if not is_corpus(src.features):
-        return build_pair_table(src.features, cache_decompositions(src), max_pairs), False
+        decompositions = cache_decompositions(src)
+        if src.world is not None and src.shards is None:
+            from ..features import FeatureCache
+            from ..world.generate import world_fingerprint
+            fc = FeatureCache(src.features)
+            fc.check_source("world", world_fingerprint(src.world), f"--world {src.world}",
+                            "pass the --world these features were extracted from, or extract this world's")
+            fc.check_source("split", src.split, f"--split {src.split}", "pass the --split they were extracted from")
+        return build_pair_table(src.features, decompositions, max_pairs), False
     if src.shards is None or src.store is None:
         raise ValueError("a feature corpus (--features with corpus.json) needs --in (its webdataset shards) and "
                          "--decompositions STORE (foco decompose --in the same shards)")

@@ -53,6 +53,8 @@ class Phase:
     n: int | None = None  # examples per epoch when this phase has its own data; None: LoopConfig.n
     local: bool = False  # data-parallel on rank-local data: n is this rank's, `step` gets its B/N local indices
     prefetch: Callable[[list[torch.Tensor]], None] | None = None  # told each epoch's batches before its steps
+    settings: tuple[str, ...] = ()  # the settings (LoopConfig.settings keys) only this phase reads: they may change
+                                    # on resume while the phase has not begun (recorded where it begins)
 
 
 @dataclass
@@ -66,9 +68,33 @@ class LoopConfig:
     plot_keys: tuple[str, ...] = ()  # losses drawn per step into loss_curve.png; () draws nothing
     plot_title: str = ""
     identity: dict = field(default_factory=dict)  # what a resumed run must share (e.g. the features' backbone)
+    settings: dict = field(default_factory=dict)  # the trainer's settings (flat): a resumed run must share them
+    allow_changed: frozenset[str] = frozenset()  # settings a resumed run may change (--allow-changed): recorded
     precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast (foco.utils.precision)
     env: DistEnv = field(default_factory=DistEnv)  # data-parallel ranks: rank 0 writes, logs average over ranks
     device: str = "cpu"  # where the model and batches live: autocast runs for this device type
+
+
+RUN_ONLY = frozenset({"device", "compile", "threads", "dist_timeout", "allow_changed"})  # change how a run computes, not what
+
+
+def settings_of(cfg, skip: frozenset[str] = RUN_ONLY) -> dict:
+    """A trainer config's settings as the loop records and compares them: flat ("model.dim"), JSON values, without
+    the ones that only say where or how fast it runs (`RUN_ONLY`)."""
+    import dataclasses
+    out: dict = {}
+
+    def walk(prefix: str, value) -> None:
+        if dataclasses.is_dataclass(value):
+            value = dataclasses.asdict(value)
+        if isinstance(value, dict):
+            for k, v in value.items():
+                if k not in skip:
+                    walk(f"{prefix}{k}.", v)
+            return
+        out[prefix[:-1]] = list(value) if isinstance(value, (tuple, frozenset, set)) else value
+    walk("", cfg)
+    return out
 
 
 def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
@@ -78,12 +104,17 @@ def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
 
 def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopConfig, rng: np.random.Generator,
         resume: bool = False, generator: torch.Generator | None = None, on_step: OnStep | None = None,
-        on_epoch: Callable[[dict], None] | None = None) -> None:
+        on_epoch: Callable[[dict], None] | None = None) -> dict:
     """Trains `model` through `phases` and leaves it in eval mode. `generator`, a torch RNG the steps draw from, is
     saved and restored with the state. `on_epoch(record)` follows each epoch's log record. Data-parallel, a rank
-    that loses the others raises `RankLost`, which says how to resume."""
+    that loses the others raises `RankLost`, which says how to resume.
+
+    Returns the run's settings history, {"start": the settings it began with, "changes": [{"at": where a change
+    took effect (phase and epoch), "changed": {setting: [before, after]}}]}: `--resume` refuses changed settings
+    (`cfg.settings`) unless `cfg.allow_changed` names them, and then records them from where the run stands,
+    never over the epochs already trained."""
     try:
-        _run(model, phases, out, cfg, rng, resume, generator, on_step, on_epoch)
+        return _run(model, phases, out, cfg, rng, resume, generator, on_step, on_epoch)
     except RuntimeError as exc:
         if cfg.env.enabled and not isinstance(exc, RankLost):
             raise rank_lost(exc, cfg.env) from exc
@@ -92,9 +123,10 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
 
 def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopConfig, rng: np.random.Generator,
          resume: bool, generator: torch.Generator | None, on_step: OnStep | None,
-         on_epoch: Callable[[dict], None] | None) -> None:
+         on_epoch: Callable[[dict], None] | None) -> dict:
     out = Path(out)
     _check(phases, cfg)
+    history, pending = {"start": dict(cfg.settings), "changes": []}, None
     sizes = [p.n or cfg.n for p in phases]  # N of each phase (this rank's N_r for a local phase)
     batch = [min(cfg.batch_size, n) for n in sizes]  # B of each phase (B/N for a local phase)
     steps = [n // b for n, b in zip(sizes, batch)]
@@ -107,6 +139,7 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
     first, epoch0, opt = 0, 0, None
     if resume and has_training_state(out / "train_state"):
         _check_identity(out / "train_state", _identity(phases, totals_n, cfg))
+        history, pending = _check_settings(out / "train_state", cfg, phases, _saved_phase(out / "train_state", phases))
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
@@ -130,12 +163,16 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
                    "elapsed_s": round(time.time() - t0, 2)}
             last = (epoch == phase.epochs - 1 or done >= totals[i]) and \
                 all(totals[j] == 0 for j in range(i + 1, len(phases)))  # no later phase has a step to take
+            for j in [j for j in sorted(pending or {}) if j <= i]:  # changes made on resume take effect here
+                history["changes"].append({"at": {**phase.tag, "epoch": epoch + 1}, "changed": pending.pop(j)})
             _end_epoch(out, model, opt, rng, generator, cfg, rec,
-                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, totals_n, cfg)},
+                       {**phase.tag, "epoch": epoch + 1, "identity": _identity(phases, totals_n, cfg),
+                        "settings": history},
                        [{"step": k, **phase.tag, **v} for k, v in step_log], plotted, last)
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
+    return history
 
 
 def _local_steps(phase: Phase, n: int, cfg: LoopConfig) -> tuple[int, int, int]:
@@ -196,6 +233,57 @@ def _check_identity(state_dir: Path, now: dict) -> None:
                          "; resume with the same settings and data, or choose another --out")
 
 
+def recorded_settings(history: dict) -> dict:
+    """What a trainer writes beside its weights from `run`'s history: the settings the run began with ("train")
+    and every change made on resume, with where it took effect ("train_changes")."""
+    return {"train": history["start"], "train_changes": history["changes"]}
+
+
+def setting_name(name: str) -> str:
+    """A setting as `--allow-changed` may spell it: "lr-stage1", "--lr-stage1" and "lr_stage1" are one."""
+    return name.strip().lstrip("-").replace("-", "_")
+
+
+def _saved_phase(state_dir: Path, phases: list[Phase]) -> int:
+    saved = read_json(state_dir / STATE_JSON)["progress"]
+    i = next((i for i, p in enumerate(phases) if all(saved.get(k) == v for k, v in p.tag.items())), None)
+    if i is None:
+        raise ValueError(f"{state_dir} stopped at {saved}, which is no phase of this run")
+    return i
+
+
+def _check_settings(state_dir: Path, cfg: LoopConfig, phases: list[Phase], first: int
+                    ) -> tuple[dict, dict[int, dict]]:
+    """(history, {phase index: changes recorded when it trains}): refuses settings that differ from those the
+    saved run trained with, unless `cfg.allow_changed` names each; a name that is no setting is refused too.
+    Settings of a phase that has not begun (`Phase.settings`) may change freely and are recorded where that phase
+    begins. States saved before settings were recorded start their history here."""
+    allowed = {setting_name(n) for n in cfg.allow_changed}
+    unknown = sorted(allowed - set(cfg.settings))
+    if unknown:
+        raise ValueError(f"--allow-changed: {', '.join(unknown)} is no setting of this run; choose from "
+                         f"{', '.join(sorted(cfg.settings))}")
+    history = read_json(state_dir / STATE_JSON)["progress"].get("settings")
+    if not history:
+        return {"start": dict(cfg.settings), "changes": []}, None
+    current = dict(history["start"])
+    for change in history["changes"]:
+        current.update({k: v[1] for k, v in change["changed"].items()})
+    diff = {k: [current[k], cfg.settings[k]] for k in sorted(set(current) & set(cfg.settings))
+            if current[k] != cfg.settings[k]}
+    later = {k: j for j in range(first + 1, len(phases)) for k in phases[j].settings}  # phases not begun
+    refused = [k for k in diff if k not in allowed and k not in later]
+    if refused:
+        raise ValueError(f"--resume: {state_dir.parent} was trained with " +
+                         ", ".join(f"{k}={diff[k][0]!r} (now {diff[k][1]!r})" for k in refused) +
+                         "; resume with the same settings, or pass --allow-changed " + ",".join(refused) +
+                         " to train on with the new values (recorded from here on, never over the past)")
+    pending: dict[int, dict] = {}
+    for k, v in diff.items():
+        pending.setdefault(later.get(k, first), {})[k] = v
+    return history, pending
+
+
 def _words(tag: dict) -> list[str]:
     return [f"{k} {v}" for k, v in tag.items()]
 
@@ -210,15 +298,12 @@ def _optimizer(phase: Phase) -> torch.optim.Optimizer:
 def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: np.random.Generator,
              generator: torch.Generator | None, name: str) -> tuple[int, int, torch.optim.Optimizer]:
     """Loads the state into `model`, the RNGs and a new optimiser of the saved phase: (phase, epochs done, opt)."""
-    saved = read_json(state_dir / STATE_JSON)["progress"]
-    i = next((i for i, p in enumerate(phases) if all(saved.get(k) == v for k, v in p.tag.items())), None)
-    if i is None:
-        raise ValueError(f"{state_dir} stopped at {saved}, which is no phase of this run")
+    i = _saved_phase(state_dir, phases)
     opt = _optimizer(phases[i])
-    base = [g["base_lr"] for g in opt.param_groups]
+    fresh = [{k: v for k, v in g.items() if k != "params"} for g in opt.param_groups]
     restored = load_training_state(state_dir, model, opt, rng)
-    for g, b in zip(opt.param_groups, base):
-        g.setdefault("base_lr", b)  # states saved before the loop existed have none
+    for g, f in zip(opt.param_groups, fresh):
+        g.update(f)  # this run's hyperparameters (equal to the saved ones unless --allow-changed changed them)
     if generator is not None:
         generator.set_state(restored["extra_tensors"]["generator"])
     log.info("resuming %s training%s after epoch %d", name, "".join(f" at {w}" for w in _words(phases[i].tag)),

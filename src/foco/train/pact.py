@@ -45,7 +45,7 @@ from ..methods.composer import TextComposer, build_mapper
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
 from .edit_data import EditTable
 from .distributed import DistEnv, current, data_parallel, rank_chunk, rank_slice
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
 from .losses import compose_loss, info_nce
 from .pic2word import backbone_temperature, pic2word_loss
 
@@ -70,6 +70,7 @@ class PACTTrainConfig:
     max_steps: int | None = None
     seed: int = 0
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
     text: TextTuneConfig = field(default_factory=TextTuneConfig)
 
@@ -171,10 +172,11 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
     loop = LoopConfig(len(edits), min(cfg.batch_size, len(edits), n_images), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
                       plot_title="PACT training losses per step (identity warm-up, then joint)",
-                      identity={"backbone": backbone.spec}, env=env, device=env.device)
-    run(composer, phases, out, loop, rng, resume)
+                      identity={"backbone": backbone.spec}, env=env, device=env.device,
+                      settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
+    history = run(composer, phases, out, loop, rng, resume)
     if not env.is_main:
         return composer
     composer.save(out, {"backbone": backbone.spec, "temperature": tau,
-                        "train": {k: v for k, v in asdict(cfg).items() if k not in ("model", "text")}, **(meta or {})})
+                        **recorded_settings(history), **(meta or {})})
     return composer

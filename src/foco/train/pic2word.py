@@ -2,7 +2,7 @@
 symmetric contrastive loss of `foco.methods.pic2word` on "a photo of *"."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +13,7 @@ from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
 from ..utils.device import resolved
 from .distributed import DistEnv, current, ddp, rank_slice
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
 
 
 @dataclass
@@ -28,6 +28,7 @@ class Pic2WordTrainConfig:
     max_steps: int | None = None  # stop early (smoke tests)
     seed: int = 0
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
 
 
@@ -79,7 +80,8 @@ class Pic2WordObjective(torch.nn.Module):
 
 
 def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,
-                   cfg: Pic2WordTrainConfig | None = None, resume: bool = False) -> Pic2WordMapper:
+                   cfg: Pic2WordTrainConfig | None = None, resume: bool = False, meta: dict | None = None
+                   ) -> Pic2WordMapper:
     """Trains phi on N cached image globals (N, D) with the frozen `backbone`'s text tower; writes `out`/
     pic2word.safetensors + pic2word.json and train_log.jsonl. The state is saved after every epoch; `resume=True`
     continues a killed run. `cfg` is not modified (the dimensions are set on a copy)."""
@@ -105,9 +107,11 @@ def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, ou
 
     phase = Phase(cfg.epochs, lambda: torch.optim.AdamW(mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
                   step, record=lambda steps: {"steps": steps, "temperature": tau})
-    run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word",
-                                         env=env, device=env.device), rng, resume)
+    history = run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps,
+                                                   name="Pic2Word", env=env, device=env.device,
+                                                   identity={"backbone": backbone.spec}, settings=settings_of(cfg),
+                                                   allow_changed=frozenset(cfg.allow_changed)), rng, resume)
     if not env.is_main:
         return mapper
-    mapper.save(out, {"backbone": backbone.spec, "train": {k: v for k, v in asdict(cfg).items() if k != "model"}})
+    mapper.save(out, {"backbone": backbone.spec, **recorded_settings(history), **(meta or {})})
     return mapper

@@ -26,7 +26,7 @@ which parameters train.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -40,7 +40,7 @@ from ..methods.composer import TextComposer
 from ..methods.pic2word import Pic2WordConfig
 from .edit_data import EditTable
 from .distributed import DistEnv, current, data_parallel, rank_slice
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, run
+from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
 from .losses import compose_loss
 from .pact import build_composer
 from .pic2word import backbone_temperature, pic2word_loss
@@ -65,6 +65,7 @@ class TSCIRTrainConfig:
     max_steps: int | None = None
     seed: int = 0
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
     text: TextTuneConfig = field(default_factory=TextTuneConfig)
 
@@ -178,13 +179,14 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
     loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(data)), cfg.warmup_frac, cfg.grad_clip,
                       cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
                       plot_title="TSCIR training losses per step (mapping, then composing)",
-                      identity={"backbone": backbone.spec}, env=env, device=env.device)
-    run(composer, phases, out, loop, rng, resume)
+                      identity={"backbone": backbone.spec}, env=env, device=env.device,
+                      settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
+    history = run(composer, phases, out, loop, rng, resume)
     if not env.is_main:
         return composer, match
     composer.save(out, {"backbone": backbone.spec, "temperature": tau,
                         "targets": {"threshold": match.threshold, "triplets": len(edits),
                                     "with_target": int(match.kept.sum()), "trained_on": len(kept)},
-                        "train": {k: v for k, v in asdict(cfg).items() if k not in ("model", "text")},
+                        **recorded_settings(history),
                         **(meta or {})})
     return composer, match

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .loop import Losses, LoopConfig, Phase, run
+from .loop import Losses, LoopConfig, Phase, recorded_settings, run, settings_of
 from ..metrics import diagonal_recalls
 from ..utils.device import resolve_device, to_device
 from ..utils.io import atomic_write_text, iter_batches, load_image
@@ -36,6 +36,7 @@ class BackboneTrainConfig:
     grad_clip: float = 1.0
     seed: int = 0
     device: str = "auto"  # foco.utils.device: "auto", "cpu", "cuda", "cuda:N"
+    allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
     model: WorldBackboneConfig = field(default_factory=WorldBackboneConfig)
 
@@ -139,12 +140,13 @@ def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainC
     opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
     phase = Phase(cfg.epochs, lambda: opt, _clip_step(model, images, states, mask, device),
                   record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
-    run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone",
-                                        device=device), rng, resume)
+    history = run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone",
+                                                  device=device, settings=settings_of(cfg),
+                                                  allow_changed=frozenset(cfg.allow_changed)), rng, resume)
     train_s = time.time() - t0
     backbone = WorldBackbone(model, str(out), device)
     metrics = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
-    save_world_checkpoint(model, out, extra={"train": {k: v for k, v in asdict(cfg).items() if k != "model"},
+    save_world_checkpoint(model, out, extra={**recorded_settings(history),
                                               "world": str(Path(world).resolve()), "metrics": metrics,
                                               "provenance": provenance()})
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")

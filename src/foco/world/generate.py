@@ -2,7 +2,7 @@
 
 Layout of a world folder (all paths in manifests are relative to it)::
 
-    world.json                                   config, vocabulary, counts
+    world.json                                   config, vocabulary, counts, and each manifest's sha256
     pairs/{pretrain,train,backbone_val}.jsonl    one image-caption pair per line
     benchmarks/{val,test}/{single,multi}/gallery.jsonl
     benchmarks/{val,test}/{single,multi}/queries.jsonl
@@ -105,6 +105,13 @@ def _bench_records(bench: Benchmark, part: str) -> tuple[list[dict], list[dict]]
             rec.update(targets=q.targets)
         queries.append(rec)
     return gallery, queries
+
+
+def world_fingerprint(root: str | Path) -> str | None:
+    """What a world is, for the artifacts made from it: the sha256 of its world.json (config, counts and, since
+    issue 24, every manifest's sha256). A feature cache records it; evaluation and training check it."""
+    path = Path(root) / "world.json"
+    return sha256_file(path)[:16] if path.is_file() else None
 
 
 def _dump_jsonl(path: Path, records: list[dict]) -> None:
@@ -219,6 +226,7 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
         "vocabulary": {"shapes": list(SHAPES), "colours": list(COLOURS), "sizes": list(SIZES),
                        "backgrounds": list(BACKGROUNDS)},
         "counts": {name: len(recs) for name, recs in manifests.items()},
+        "manifests_sha256": {name: sha256_file(out / name) for name in manifests},  # `foco world verify` checks
     }
     atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (out / IN_PROGRESS).unlink(missing_ok=True)  # world.json now records the config

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..edits.derive import caption_rng
 from ..edits.schema import Edit
-from ..utils.io import atomic_write_text, read_jsonl
+from ..utils.io import atomic_write_text, read_json, read_jsonl, sha256_file
 from .captions import CaptionChoice, article, caption_scene, object_phrase
 from .edits import referring_expression
 from .scene import Scene, WorldObject
@@ -81,6 +81,13 @@ def rewrite_benchmark(root: str | Path, split: str, out: str | Path, writer, see
         raise FileNotFoundError(f"no benchmark split {split!r} under {root / 'benchmarks'}")
     if not (out / "images").exists():
         os.symlink(root / "images", out / "images", target_is_directory=True)
-    if (root / "world.json").is_file():
-        shutil.copyfile(root / "world.json", out / "world.json")
+    if (root / "world.json").is_file():  # the source's config; counts and hashes of the files this folder holds
+        summary = read_json(root / "world.json")
+        held = {name: n for name, n in (summary.get("counts") or {}).items() if (out / name).is_file()}
+        for protocol, n in counts.items():
+            held[f"benchmarks/{split}/{protocol}/queries.jsonl"] = n
+        summary["counts"] = held
+        summary["manifests_sha256"] = {name: sha256_file(out / name) for name in held}
+        summary["rewritten_from"] = str(root)
+        atomic_write_text(out / "world.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return counts

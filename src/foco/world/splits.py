@@ -46,6 +46,8 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
     captions only (F_Comp reads them token by token; everything else is read by its global vector), unless
     `cfg.tokens_for` says otherwise."""
     images, texts = split_items(world, split, include_captions, decompositions)
+    from .generate import world_fingerprint
+    cfg = replace(cfg, source={"world": world_fingerprint(world), "split": split})
     if "/" not in split and cfg.tokens and cfg.tokens_for is None:
         cfg = replace(cfg, tokens_for=context_texts(world, split, decompositions))
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}

@@ -1,5 +1,6 @@
-"""`foco world verify`: read every manifest, decode every image and check it against the content hash recorded at
-generation (images.sha256), failing loudly."""
+"""`foco world verify`: read every manifest, check its line count (and its sha256, for worlds that record them)
+against world.json, decode every image and check it against the content hash recorded at generation
+(images.sha256), failing loudly."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -13,7 +14,8 @@ from .manifest import load_benchmark, load_pairs
 def verify_world(root: str | Path) -> dict:
     """Returns counts; raises ManifestError or ImageLoadError naming every bad file (all of them, not the first)."""
     root = Path(root)
-    read_json(root / "world.json")
+    summary = read_json(root / "world.json")
+    _check_manifests(root, summary)
     images: list[Path] = []
     counts = {}
     for split in PAIR_SPLITS:
@@ -48,6 +50,29 @@ def verify_world(root: str | Path) -> dict:
     counts["images"] = len(images)
     counts["content_hashes"] = "checked" if hashes is not None else f"none recorded (no {HASHES}; an older world)"
     return counts
+
+
+def _check_manifests(root: Path, summary: dict) -> None:
+    """Each manifest against world.json: its line count (`counts`) and, where recorded, its sha256. A deleted,
+    added or edited line would otherwise pass: the records still parse."""
+    from ..utils.io import ManifestError
+    bad = []
+    hashes = summary.get("manifests_sha256") or {}
+    for name, want in sorted((summary.get("counts") or {}).items()):
+        path = root / name
+        if not path.is_file():
+            bad.append(f"{path}: missing (world.json counts {want} records)")
+            continue
+        with open(path, "rb") as f:
+            have = sum(1 for line in f if line.strip())
+        if have != want:
+            bad.append(f"{path}: {have} records, but world.json counts {want} (lines deleted or added since "
+                       "generation)")
+        elif name in hashes and sha256_file(path) != hashes[name]:
+            bad.append(f"{path}: content differs from the sha256 recorded in world.json (edited since generation)")
+    if bad:
+        raise ManifestError(f"{len(bad)} manifests of {root} do not match world.json:\n  " + "\n  ".join(bad)
+                            + "\nregenerate the world into a new --out (foco world generate)")
 
 
 def _read_hashes(root: Path) -> dict[str, str] | None:
