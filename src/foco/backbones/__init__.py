@@ -70,4 +70,5 @@ def check_same_backbone(have, have_what: str, want, want_what: str, fix: str) ->
                          f"backbone's files changed in between; {fix}")
 
 
-__all__ = ["as_record", "check_same_backbone", "backbone_record", "canonical_spec", "BACKBONES", "Backbone", "ImageFeatures", "TextFeatures", "create_backbone", "list_backbones"]
+__all__ = ["as_record", "backbone_record", "canonical_spec", "check_same_backbone", "BACKBONES", "Backbone",
+           "ImageFeatures", "TextFeatures", "create_backbone", "list_backbones"]

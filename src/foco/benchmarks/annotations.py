@@ -62,3 +62,21 @@ def check_unique(path: Path, what: str, ids: Sequence[str]) -> None:
     dups = [i for i in ids if i in seen or seen.add(i)]  # type: ignore[func-returns-value]
     if dups:
         raise ManifestError(f"{path}: {len(dups)} duplicate {what}, e.g. {', '.join(map(str, dups[:3]))}")
+
+
+def check_texts(path: Path, entries: Sequence[Any], get: Callable[[Any], Iterable[str]], field: str,
+                id_key: str | None = None, allow_empty: bool = False) -> None:
+    """Every text `get(entry)` gives is a string without control characters and, unless `allow_empty`, not
+    empty (`foco.utils.text`); otherwise one error saying how many entries fail, which, and why."""
+    from ..utils.text import text_problem
+    bad = []
+    for i, e in enumerate(entries):
+        for t in get(e):
+            problem = text_problem(t, allow_empty=allow_empty)
+            if problem:
+                bad.append((i, problem))
+                break
+    if bad:
+        raise ManifestError(f"{path}: {len(bad)} entr(ies) whose '{field}' " + bad[0][1] + ", e.g. "
+                            + ", ".join(_describe(entries[i], i, id_key) + f" ({why})" for i, why in bad[:3])
+                            + "; a modification text must be non-empty, without control characters: fix the file")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..utils.io import ManifestError
-from .annotations import check_each, check_known, check_unique, read_annotation, require
+from .annotations import check_each, check_known, check_texts, check_unique, read_annotation, require
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
 
 PROTOCOL = EvalProtocol(remove_reference=False, map_ks=(5, 10, 25, 50), submission="circo")
@@ -43,6 +43,7 @@ def read_circo(root: str | Path, split: str = "val") -> list[CIRBenchmark]:
             id_key="id")
     check_each(ann_path, entries, lambda e: isinstance(e["relative_caption"], str),
                "a relative_caption that is not a string", "id")
+    check_texts(ann_path, entries, lambda e: [e["relative_caption"]], "relative_caption", "id")
     if with_target:
         check_each(ann_path, entries, lambda e: isinstance(e["gt_img_ids"], list) and len(e["gt_img_ids"]) > 0,
                    "an empty or non-list gt_img_ids", "id")

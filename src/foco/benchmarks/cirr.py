@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..utils.io import ManifestError
-from .annotations import check_each, check_known, check_unique, read_annotation, require
+from .annotations import check_each, check_known, check_texts, check_unique, read_annotation, require
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef
 
 FILE_SPLITS = {"val": "val", "test": "test1"}  # our split name -> CIRR's file suffix
@@ -45,6 +45,7 @@ def read_cirr(root: str | Path, split: str = "val") -> list[CIRBenchmark]:
             id_key="pairid")
     check_each(cap_path, entries, lambda e: isinstance(e["caption"], str), "a caption that is not a string",
                "pairid")
+    check_texts(cap_path, entries, lambda e: [e["caption"]], "caption", "pairid")
     check_each(cap_path, entries, lambda e: isinstance(e["img_set"], dict)
                and isinstance(e["img_set"].get("members"), list) and e["reference"] in e["img_set"]["members"],
                "an img_set without a members list holding the reference", "pairid")

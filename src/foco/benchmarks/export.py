@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.io import ManifestError, atomic_write_text, read_jsonl
+from ..utils.ownership import check_outputs, claim_folder, record_outputs
 from ..world.edits import PHRASINGS, Edit, edit_text
 from ..world.manifest import WorldBenchmark, load_benchmark
 from ..world.scene import Scene
@@ -33,8 +34,26 @@ GENECIS_TASKS = {"colour": "change_attribute", "size": "focus_attribute", "repla
                  "add": "change_object", "remove": "focus_object", "background": "focus_object"}
 
 
-def _write_json(path: Path, data: Any) -> None:
-    atomic_write_text(path, json.dumps(data, indent=1) + "\n")
+class _Plan:
+    """What an export will write: JSON files and image copies, gathered before anything is written, so that the
+    files it would replace can be checked first (`foco.utils.ownership`)."""
+
+    def __init__(self):
+        self.json: list[tuple[Path, Any]] = []
+        self.images: list[tuple[Path, Path]] = []
+
+    def write_json(self, path: Path, data: Any) -> None:
+        self.json.append((path, data))
+
+    def place(self, src: Path, dst: Path) -> None:
+        self.images.append((src, dst))
+
+    def run(self) -> None:
+        for src, dst in self.images:
+            _place(src, dst)
+        for path, data in self.json:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(path, json.dumps(data, indent=1) + "\n")
 
 
 def _place(src: Path, dst: Path) -> None:
@@ -62,9 +81,12 @@ def second_phrasing(scene: dict, edit: dict, modification: str) -> str:
     return modification
 
 
-def export_world(world: str | Path, fmt: str, split: str, out: str | Path) -> dict:
+def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force: bool = False) -> dict:
     """Writes the world's `split` benchmark to `out` in format `fmt`; returns a summary (also saved as
-    `world_export.<fmt>.<split>.json` with the official query id -> world query id mapping)."""
+    `world_export.<fmt>.<split>.json` with the official query id -> world query id mapping).
+
+    `out` must be new, empty or an earlier export; an annotation file there that foco did not write is never
+    replaced unless `force` (`foco.utils.ownership`)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {', '.join(FORMATS)}")
     world, out = Path(world), Path(out)
@@ -77,19 +99,24 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path) -> di
                                 "splits share one gallery and one image-info file, and the world's splits have "
                                 "different galleries, so each split needs its own --out")
     bench = load_benchmark(world, split, protocol)
+    claim_folder(out, f"world export --format {fmt}", force=force)
     writer = {"cirr": _cirr, "circo": _circo, "fashioniq": _fashioniq, "genecis": _genecis}[fmt]
-    query_map, extra = writer(world, bench, split, out)
+    plan = _Plan()
+    query_map, extra = writer(world, bench, split, out, plan)
     summary = {"world": str(world), "split": split, "protocol": protocol, "format": fmt,
                "queries": len(query_map), "gallery": len(bench.gallery_ids), **extra, "query_ids": query_map}
-    _write_json(out / f"world_export.{fmt}.{split}.json", summary)
+    plan.write_json(out / f"world_export.{fmt}.{split}.json", summary)
+    check_outputs(out, [p for p, _ in plan.json], force)  # images: an existing other image is refused anyway
+    plan.run()
+    record_outputs(out, [p for p, _ in plan.json] + [d for _, d in plan.images])
     return summary
 
 
-def _cirr(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dict, dict]:
+def _cirr(world: Path, b: WorldBenchmark, split: str, out: Path, plan: _Plan) -> tuple[dict, dict]:
     folder = "dev" if split == "val" else "test1"
     suffix = "val" if split == "val" else "test1"
     for g, src in zip(b.gallery_ids, b.gallery_images):
-        _place(src, out / folder / f"{g}.png")
+        plan.place(src, out / folder / f"{g}.png")
     entries = []
     for i, (ref, mod, targets, subset) in enumerate(zip(b.references, b.modifications, b.targets, b.subsets)):
         e: dict[str, Any] = {"pairid": i, "reference": ref, "caption": mod,
@@ -99,20 +126,20 @@ def _cirr(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dict, 
             e["target_soft"] = {targets[0]: 1.0}
             e["img_set"]["target_rank"] = subset.index(targets[0])
         entries.append(e)
-    _write_json(out / "captions" / f"cap.rc2.{suffix}.json", entries)
-    _write_json(out / "image_splits" / f"split.rc2.{suffix}.json",
+    plan.write_json(out / "captions" / f"cap.rc2.{suffix}.json", entries)
+    plan.write_json(out / "image_splits" / f"split.rc2.{suffix}.json",
                 {g: f"./{folder}/{g}.png" for g in b.gallery_ids})
     return {str(i): q for i, q in enumerate(b.query_ids)}, {}
 
 
-def _circo(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dict, dict]:
+def _circo(world: Path, b: WorldBenchmark, split: str, out: Path, plan: _Plan) -> tuple[dict, dict]:
     ids = {g: n for n, g in enumerate(b.gallery_ids, 1)}
     images = []
     for g, src in zip(b.gallery_ids, b.gallery_images):
         name = f"{ids[g]:012d}.png"
-        _place(src, out / "COCO2017_unlabeled" / "unlabeled2017" / name)
+        plan.place(src, out / "COCO2017_unlabeled" / "unlabeled2017" / name)
         images.append({"id": ids[g], "file_name": name})
-    _write_json(out / "COCO2017_unlabeled" / "annotations" / "image_info_unlabeled2017.json", {"images": images})
+    plan.write_json(out / "COCO2017_unlabeled" / "annotations" / "image_info_unlabeled2017.json", {"images": images})
     entries = []
     for i, (ref, mod, targets) in enumerate(zip(b.references, b.modifications, b.targets)):
         e: dict[str, Any] = {"id": i, "reference_img_id": ids[ref], "relative_caption": mod, "shared_concept": ""}
@@ -120,16 +147,16 @@ def _circo(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dict,
             gt = [ids[t] for t in targets]
             e.update(target_img_id=gt[0], gt_img_ids=gt, semantic_aspects=[])
         entries.append(e)
-    _write_json(out / "annotations" / f"{split}.json", entries)
+    plan.write_json(out / "annotations" / f"{split}.json", entries)
     return {str(i): q for i, q in enumerate(b.query_ids)}, {"image_ids": {str(n): g for g, n in ids.items()}}
 
 
-def _fashioniq(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dict, dict]:
+def _fashioniq(world: Path, b: WorldBenchmark, split: str, out: Path, plan: _Plan) -> tuple[dict, dict]:
     base = world / "benchmarks" / split / "single"
     scenes = {r["id"]: r["scene"] for r in read_jsonl(base / "gallery.jsonl")}
     edits = {r["id"]: r["edit"] for r in read_jsonl(base / "queries.jsonl")}
     for g, src in zip(b.gallery_ids, b.gallery_images):
-        _place(src, out / "images" / f"{g}.png")
+        plan.place(src, out / "images" / f"{g}.png")
     per_cat: dict[str, list[dict]] = {c: [] for c in dict.fromkeys(FASHIONIQ_CATEGORIES.values())}
     query_map = {}
     for qid, ref, mod, targets, etype in zip(b.query_ids, b.references, b.modifications, b.targets, b.edit_types):
@@ -140,12 +167,12 @@ def _fashioniq(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[d
         query_map[f"{cat}-{len(per_cat[cat])}"] = qid
         per_cat[cat].append(e)
     for cat, entries in per_cat.items():
-        _write_json(out / "captions" / f"cap.{cat}.{split}.json", entries)
-        _write_json(out / "image_splits" / f"split.{cat}.{split}.json", list(b.gallery_ids))
+        plan.write_json(out / "captions" / f"cap.{cat}.{split}.json", entries)
+        plan.write_json(out / "image_splits" / f"split.{cat}.{split}.json", list(b.gallery_ids))
     return query_map, {"categories": FASHIONIQ_CATEGORIES}
 
 
-def _genecis(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dict, dict]:
+def _genecis(world: Path, b: WorldBenchmark, split: str, out: Path, plan: _Plan) -> tuple[dict, dict]:
     from PIL import Image
     ids = {g: n for n, g in enumerate(b.gallery_ids, 1)}
     paths = dict(zip(b.gallery_ids, b.gallery_images))
@@ -154,11 +181,11 @@ def _genecis(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dic
 
     def item(g: str, task: str) -> dict:
         if task.endswith("attribute"):
-            _place(paths[g], out / "VG_100K_all" / f"{ids[g]}.png")
+            plan.place(paths[g], out / "VG_100K_all" / f"{ids[g]}.png")
             with Image.open(paths[g]) as im:
                 w, h = im.size
             return {"image_id": ids[g], "instance_bbox": [0, 0, w, h]}  # the whole image
-        _place(paths[g], out / "val2017" / f"{ids[g]:012d}.png")
+        plan.place(paths[g], out / "val2017" / f"{ids[g]:012d}.png")
         return {"val_image_id": ids[g]}
 
     for qid, ref, mod, targets, subset, etype in zip(b.query_ids, b.references, b.modifications, b.targets,
@@ -169,5 +196,5 @@ def _genecis(world: Path, b: WorldBenchmark, split: str, out: Path) -> tuple[dic
         per_task[task].append({"reference": item(ref, task), "target": item(targets[0], task),
                                "gallery": [item(d, task) for d in distractors], "condition": mod})
     for task, entries in per_task.items():
-        _write_json(out / "genecis" / f"{task}.json", entries)
+        plan.write_json(out / "genecis" / f"{task}.json", entries)
     return query_map, {"tasks": GENECIS_TASKS}

@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..utils.io import ManifestError
-from .annotations import check_each, check_known, check_unique, read_annotation, require
+from .annotations import check_each, check_known, check_texts, check_unique, read_annotation, require
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption, resolve_image
 
 CATEGORIES = ("dress", "shirt", "toptee")
@@ -72,6 +72,7 @@ def _read_category(root: Path, split: str, join: str, cat: str) -> CIRBenchmark:
     with_target = split == "val"
     require(cap_path, entries, ["candidate", "captions"] + ["target"] * with_target)
     check_each(cap_path, entries, _captions_ok, "captions that are not a list of two strings, at least one not empty")
+    check_texts(cap_path, entries, lambda e: e["captions"], "captions", allow_empty=True)
     check_each(cap_path, entries, lambda e: all(isinstance(e.get(k, ""), str) for k in ("candidate", "target")),
                "a candidate or target that is not an image name (string)")
     if with_target:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..utils.io import ManifestError
-from .annotations import check_each, read_annotation, require
+from .annotations import check_each, check_texts, read_annotation, require
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption, resolve_image
 
 TASKS = ("focus_attribute", "change_attribute", "focus_object", "change_object")
@@ -74,6 +74,7 @@ def _read_task(path: Path, task: str, coco: Path, vg: Path) -> CIRBenchmark:
             else "an item without an integer val_image_id")
     check_each(path, entries, lambda e: isinstance(e["condition"], str) and isinstance(e["gallery"], list)
                and all(item_ok(i) for i in [e["reference"], e["target"], *e["gallery"]]), what)
+    check_texts(path, entries, lambda e: [e["condition"]], "condition")
 
     modal = modal_gallery_length([len(e["gallery"]) for e in entries])
     kept = [(i, e) for i, e in enumerate(entries) if len(e["gallery"]) == modal]  # i: index in the file

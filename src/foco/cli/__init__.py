@@ -29,8 +29,13 @@ def main(argv: list[str] | None = None) -> int:
     from ..decompose.client import ConfigError
     from ..utils.io import ImageLoadError, ManifestError, WriteError
     from ..train.distributed import RankLost
+    from .common import check_outputs, mark_outputs
     try:
-        return args.func(args)
+        check_outputs(args)
+        try:
+            return args.func(args)
+        finally:
+            mark_outputs(args)
     except (ManifestError, ImageLoadError, ConfigError, FileNotFoundError, FileExistsError, ValueError,
             ImportError, WriteError, PermissionError, RankLost) as exc:
         print(f"foco: error: {exc}", file=sys.stderr)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_device_arg, positive_int
+from .common import add_owned_output, add_device_arg, positive_int
 
 
 def _seeds(text: str) -> tuple[int, ...]:
@@ -44,6 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--variants", default="all", help="'all' or names separated by commas (full is always added)")
     p.add_argument("--split", default="test", choices=["val", "test"], help="the world split evaluated")
     p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
+    add_owned_output(p, signature=("ablate.json", "ablations.json"))
     p.add_argument("--seeds", type=_seeds, default=(0,),
                    help="training seeds, e.g. 0,1,2: mean and sd per variant, paired deltas; a sign counts beyond "
                         "noise from 3 seeds on")

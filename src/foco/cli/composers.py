@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (add_allow_changed, add_device_arg, check_resume, nonneg_float, nonneg_int, positive_float,
-                     positive_int)
+from .common import (add_allow_changed, add_device_arg, add_owned_output, check_resume, nonneg_float, nonneg_int,
+                     positive_float, positive_int)
 
 
 def _common(a: argparse.Namespace):
@@ -96,6 +96,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     p.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     p.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
+    add_owned_output(p, signature=("train_state", "composer.json"))
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")

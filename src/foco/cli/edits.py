@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_llm_args, chat_config, nonneg_int, positive_int
+from .common import add_owned_output, add_llm_args, chat_config, nonneg_int, positive_int
 
 
 def _sources(a: argparse.Namespace) -> list:
@@ -95,6 +95,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--root", required=True, help="world folder")
     r.add_argument("--split", default="test", choices=["val", "test"], help="which split to read")
     r.add_argument("--out", required=True, help="a new world folder: rewritten queries, the same galleries")
+    add_owned_output(r, signature=("world.json", "benchmarks"))
     _writer_args(r, templates="heldout")
     r.set_defaults(func=_rewrite)
 

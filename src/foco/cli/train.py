@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_allow_changed, add_decomposition_args, add_device_arg, check_resume, nonneg_float, nonneg_int,
-                     positive_float, positive_int)
+from .common import (add_allow_changed, add_decomposition_args, add_device_arg, add_owned_output, check_resume,
+                     nonneg_float, nonneg_int, positive_float, positive_int)
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -173,6 +173,7 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--split", default=None,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
     x.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
+    add_owned_output(x, signature=("manifest.json", "corpus.json", "parts"))
     x.add_argument("--shard-size", type=positive_int, default=2048,
                    help="items per safetensors shard (the unit of resume)")
     x.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
@@ -202,6 +203,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--workers", type=nonneg_int, default=2, help="with --online: DataLoader workers decoding images")
     add_decomposition_args(tr)
     tr.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
+    add_owned_output(tr, signature=("train_state", "foco.json"))
     tr.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     tr.add_argument("--stage2-epochs", type=nonneg_int, default=30, help="epochs of the second stage")
     tr.add_argument("--batch-size", type=positive_int, default=512, help="examples per step")
@@ -239,6 +241,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     pt = pw.add_parser("train", help="train Pic2Word's mapping network on cached image features")
     pt.add_argument("--features", required=True, help="feature cache of the training split (its images)")
     pt.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
+    add_owned_output(pt, signature=("train_state", "pic2word.json"))
     pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     pt.add_argument("--epochs", type=nonneg_int, default=2, help="passes over the training data")
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")

