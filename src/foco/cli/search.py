@@ -33,6 +33,9 @@ def _report(stats, out) -> None:
     print(f"{out}: {stats.indexed} images indexed; {stats.encoded} encoded now ({stats.images_per_s}/s), "
           f"{stats.unchanged} unchanged, {stats.touched} touched (same content), {stats.removed} removed, "
           f"{stats.skipped} skipped (listed in {Path(out) / 'skipped.tsv'}), {stats.seconds:.1f} s")
+    if stats.unreadable_removed:
+        print(f"note: {stats.unreadable_removed} indexed files changed and can no longer be read: removed from the "
+              f"index (listed in {Path(out) / 'skipped.tsv'})", file=sys.stderr)
     if stats.growth:
         print(f"note: the vector index has outgrown its training: {stats.growth}", file=sys.stderr)
 

@@ -75,6 +75,7 @@ class IndexStats:
     seconds: float
     images_per_s: float
     growth: str | None = None  # the collection has outgrown the trained vector index (`vectors.growth`)
+    unreadable_removed: int = 0  # of `removed`: indexed files that changed and can no longer be read
 
 
 def open_image(path: Path) -> Image.Image:
@@ -171,6 +172,7 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
     t0 = time.time()
     files = walk_images(root)
     skipped: list[tuple[str, str]] = []
+    dropped: list[str] = []  # indexed files that changed and became unreadable: removed
     encoded = unchanged = touched = 0
     with ImageStore(out / "images.sqlite") as store:
         have = store.rows()
@@ -202,6 +204,10 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
                     try:
                         im = open_image(p)
                     except ValueError as exc:
+                        if rel in have:  # it changed and cannot be read: its old vector named other bytes
+                            store.remove([rel])
+                            dropped.append(rel)
+                            exc = ValueError(f"{exc}; its earlier version was removed from the index")
                         skipped.append((rel, str(exc)))
                         continue
                     images.append(im)
@@ -216,8 +222,8 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
         dim = store.dim()
     atomic_write_text(out / "skipped.tsv", "path\treason\n" + "".join(f"{r}\t{why}\n" for r, why in skipped))
     seconds = time.time() - t0
-    stats = IndexStats(indexed, encoded, unchanged, touched, len(gone), len(skipped), round(seconds, 2),
-                       round(encoded / seconds, 1) if encoded and seconds else 0.0, vec.get("growth"))
+    stats = IndexStats(indexed, encoded, unchanged, touched, len(gone) + len(dropped), len(skipped), round(seconds, 2),
+                       round(encoded / seconds, 1) if encoded and seconds else 0.0, vec.get("growth"), len(dropped))
     sha = getattr(backbone, "weights_sha256", None) or (previous_meta or {}).get("backbone_sha256")
     atomic_write_text(out / "index.json", json.dumps({**meta, "dim": dim, "count": indexed, "vectors": vec,
                                                       "backbone_sha256": sha, "last_run": asdict(stats)},

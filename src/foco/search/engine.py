@@ -16,6 +16,7 @@ vectors (a shortlist of refine x k, recorded with the index).
 """
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +29,7 @@ from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods import METHODS, MethodOptions, QueryBatch, build_method
 from ..methods.base import check_trained_on
+from ..utils.text import first_control
 from ..model.box import box_attention_bias, patch_grid
 from ..utils.io import read_json
 from ..utils.precision import autocast
@@ -167,6 +169,8 @@ class SearchEngine:
             raise QueryError("text is empty: give the modification, e.g. 'make the dress red'")
         if len(q.text) > self.limits.max_text_chars:
             raise QueryError(f"text has {len(q.text)} characters; at most {self.limits.max_text_chars}")
+        if (ch := first_control(q.text)) is not None:
+            raise QueryError(f"text holds the control character {ch}; send plain text")
         if not 1 <= q.k <= self.limits.max_k:
             raise QueryError(f"k must be between 1 and {self.limits.max_k}, got {q.k}")
         if q.chord < 0:
@@ -343,6 +347,22 @@ class SearchEngine:
                 s = (vecs @ query[0].float()).numpy()
             order = np.argsort(-s, kind="stable")
             scores, ids = s[order], ids[order]
-        rows = self.store.rows_by_id(ids[:k].tolist())  # one query; every id has a row (its slot was found)
-        return [Hit(int(i), rows[int(i)].path, float(s)) for s, i in zip(scores[:k].tolist(), ids[:k].tolist())
-                if int(i) in rows]
+        rows = self.store.rows_by_id(ids.tolist())  # one query; every id has a row (its slot was found)
+        hits = []
+        for s, i in zip(scores.tolist(), ids.tolist()):
+            row = rows.get(int(i))
+            if row is None or not self._current(row):
+                continue
+            hits.append(Hit(int(i), row.path, float(s)))
+            if len(hits) == k:
+                break
+        return hits
+
+    def _current(self, row) -> bool:
+        """Whether the file of `row` is still what was indexed (size and mtime): a file changed or deleted since is
+        never served with its old vector (`foco index update` re-encodes or removes it)."""
+        try:
+            st = os.stat(Path(self.meta["images"]) / row.path)
+        except OSError:
+            return False
+        return st.st_size == row.size and st.st_mtime_ns == row.mtime_ns

@@ -29,6 +29,7 @@ from pathlib import Path
 
 try:  # this module is the server: it needs the serve extra (the rest of foco does not)
     from fastapi import FastAPI, Request
+    from fastapi.exceptions import RequestValidationError
     from fastapi.responses import JSONResponse
     from starlette.exceptions import HTTPException as StarletteHTTPException
 except ImportError as exc:  # pragma: no cover
@@ -64,6 +65,16 @@ def create_app(engine: SearchEngine, limits: ServeLimits = ServeLimits(), heatma
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, exc: StarletteHTTPException):
         return JSONResponse({"error": str(exc.detail)}, status_code=exc.status_code)
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, exc: RequestValidationError):
+        where = "; ".join(f"{'.'.join(map(str, e.get('loc', ())))}: {e.get('msg')}" for e in exc.errors()[:5])
+        return JSONResponse({"error": f"invalid request: {where}"}, status_code=400)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception):  # a bug, not the client's: still JSON
+        return JSONResponse({"error": f"internal error ({type(exc).__name__}); the server keeps serving"},
+                            status_code=500)
 
     @app.exception_handler(QueryError)
     async def query_error(request: Request, exc: QueryError):

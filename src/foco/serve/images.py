@@ -6,19 +6,21 @@ from __future__ import annotations
 import io
 from pathlib import Path
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
 from PIL import Image
 
-from ..search.engine import NotFound, QueryError
-from .common import ServeState, parse_int
+from ..search.engine import NotFound
+from .common import ServeState
+from .models import INT64_MAX, GalleryQuery, parse
 
 STATIC = Path(__file__).resolve().parent / "static"
 THUMB_SIDE, THUMB_CACHE = 160, 4096
 
 
 def image_id(value: str) -> int:
-    if not (value.isascii() and value.isdigit()) or len(value) > 18:  # "²" and "５" are digits to str.isdigit
+    """A path's image id: ASCII digits within int64 ("²" and "５" are digits to str.isdigit, and are refused)."""
+    if not (value.isascii() and value.isdigit()) or len(value) > 19 or int(value) > INT64_MAX:
         raise NotFound(f"no image with id {value!r}: images are addressed by their integer id")
     return int(value)
 
@@ -71,11 +73,9 @@ def register(app: FastAPI, st: ServeState) -> None:
         return Response(data, media_type="image/png")
 
     @app.get("/gallery")
-    def gallery(offset: str = "0", limit: str = "60"):
-        off, lim = parse_int(offset, "offset"), parse_int(limit, "limit")
-        if not 0 <= off <= 2 ** 62 or not 1 <= lim <= 500:
-            raise QueryError("offset must be >= 0 and limit between 1 and 500")
-        rows = engine.page(off, lim)
+    def gallery(request: Request):
+        q = parse(GalleryQuery, dict(request.query_params))
+        rows = engine.page(q.offset, q.limit)
         return {"total": engine.count(), "items": [{"id": r.id, "path": r.path, "width": r.width,
                                                     "height": r.height, "thumbnail_url": f"/thumbnails/{r.id}"}
                                                    for r in rows]}

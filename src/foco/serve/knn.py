@@ -22,7 +22,8 @@ import numpy as np
 from fastapi import FastAPI, Request
 
 from ..search.engine import Hit, NotFound, Query, QueryError
-from .common import ServeState, TooLarge, decode_upload, parse_int, too_large_in
+from .common import ServeState, TooLarge, decode_upload, too_large_in
+from .models import KnnRequest, MetadataRequest, parse
 
 INDEX_NAME = "foco"
 DEDUP_COSINE = 0.94  # clip-retrieval's threshold
@@ -57,17 +58,12 @@ def register(app: FastAPI, st: ServeState) -> None:
 
     @app.post("/metadata")
     async def metadata(request: Request):
-        body = await _json(request)
-        ids = body.get("ids")
-        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
-            raise QueryError("ids must be a list of integer ids")
-        _check_index(body)
+        body = parse(MetadataRequest, await _json(request))
+        ids = body.ids
+        _check_index(body.indice_name)
         if len(ids) > limits.max_knn:
             raise QueryError(f"at most {limits.max_knn} ids per request, got {len(ids)}")
         base = str(request.base_url).rstrip("/")
-        bad = next((i for i in ids if not 0 <= i < 2 ** 63), None)
-        if bad is not None:
-            raise NotFound(f"no image with id {bad} in this index")
         rows = await st.on_cpu(engine.store.rows_by_id, ids)
         missing = next((i for i in ids if i not in rows), None)
         if missing is not None:
@@ -76,39 +72,35 @@ def register(app: FastAPI, st: ServeState) -> None:
 
     @app.post("/knn-service")
     async def knn_service(request: Request):
-        body = await _json(request)
-        num_images = parse_int(body.get("num_images", 40), "num_images")
-        num_ids = parse_int(body.get("num_result_ids", num_images), "num_result_ids")
+        body = parse(KnnRequest, await _json(request))
+        num_images = body.num_images
+        num_ids = body.num_result_ids if body.num_result_ids is not None else num_images
         if not 1 <= num_images <= limits.max_knn or not num_images <= num_ids <= limits.max_knn:
             raise QueryError(f"num_images must be between 1 and {limits.max_knn}, and num_result_ids between "
                              f"num_images and {limits.max_knn} (--max-knn)")
-        if body.get("modality", "image") != "image":
+        if body.modality != "image":
             raise QueryError("this index holds images only: modality must be 'image'")
-        _check_index(body)
+        _check_index(body.indice_name)
         for option in ("use_safety_model", "use_violence_detector"):
-            if body.get(option):
+            if getattr(body, option):
                 raise QueryError(f"{option} has no model in foco serve; leave it false")
-        if body.get("aesthetic_score") not in (None, ""):
+        if body.aesthetic_score not in (None, ""):
             raise QueryError("aesthetic_score has no embeddings in foco serve; leave it out")
-        if body.get("image_url"):
+        if body.image_url:
             raise QueryError("image_url is not fetched by this server (it reaches no network); send the image "
                              "base64-encoded in 'image'")
-        text, image_b64, emb = body.get("text"), body.get("image"), body.get("embedding_input")
-        if text is not None and (not isinstance(text, str) or len(text) > limits.max_text_chars):
+        text, image_b64, emb = body.text, body.image, body.embedding_input
+        if text is not None and len(text) > limits.max_text_chars:
             raise QueryError(f"text must be a string of at most {limits.max_text_chars} characters")
         if emb is not None:
-            try:
-                vec = np.asarray(emb, dtype=np.float64)
-            except (TypeError, ValueError):
-                raise QueryError("embedding_input must be a list of numbers") from None
-            if vec.ndim != 1 or not np.all(np.isfinite(vec)):
-                raise QueryError("embedding_input must be a list of finite numbers")
+            vec = np.asarray(emb, dtype=np.float64)  # (D,): finite numbers (KnnRequest)
+            if vec.shape != (engine.dim,):
+                raise QueryError(f"embedding_input has {len(emb)} values; this index holds {engine.dim}-dimensional "
+                                 "vectors")
             if not np.linalg.norm(vec) > 0:
                 raise QueryError("embedding_input is all zeros: it has no direction to search along")
             hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
         elif image_b64:
-            if not isinstance(image_b64, str):
-                raise QueryError("image must be a base64 string")
             try:
                 data = base64.b64decode(image_b64, validate=False)
             except (ValueError, TypeError, binascii.Error):
@@ -127,7 +119,7 @@ def register(app: FastAPI, st: ServeState) -> None:
             hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
         else:
             raise QueryError("give one of text, image (base64) or embedding_input")
-        if body.get("deduplicate") and len(hits) > 1:
+        if body.deduplicate and len(hits) > 1:
             hits = await st.on_cpu(lambda: dedup(hits, engine.store.vector_rows([h.id for h in hits])))
         base = str(request.base_url).rstrip("/")
         return [({"id": h.id, "similarity": round(h.score, 6), "url": f"{base}/images/{h.id}", "caption": h.path}
@@ -146,7 +138,6 @@ async def _json(request: Request) -> dict:
     return body
 
 
-def _check_index(body: dict) -> None:
-    name = body.get("indice_name")
+def _check_index(name: str | None) -> None:
     if name not in (None, "", INDEX_NAME):
         raise NotFound(f"no index named {name!r} here; /indices-list gives [{INDEX_NAME!r}]")

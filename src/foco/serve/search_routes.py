@@ -20,13 +20,14 @@ from PIL import Image
 
 from ..eval.figures import attention_overlay
 from ..search.engine import NotFound, Query, QueryError
-from .common import ServeState, TooLarge, decode_upload, parse_box, parse_float, parse_int, too_large_in
+from .common import ServeState, TooLarge, decode_upload, parse_box, too_large_in
+from .models import SearchForm, parse
 
 HEATMAP_SIDE = 256  # = Heatmaps.side
 
 
 def register(app: FastAPI, st: ServeState) -> None:
-    engine, limits = st.engine, st.limits
+    limits = st.limits
 
     @app.post("/search")
     async def search(request: Request):
@@ -40,21 +41,27 @@ def register(app: FastAPI, st: ServeState) -> None:
             if (big := too_large_in(exc)) is not None:
                 raise TooLarge(str(big)) from None
             raise QueryError(f"the request is not a valid form ({type(exc).__name__}: {exc})") from None
-        text = form.get("text")
-        if text is not None and not isinstance(text, str):
-            raise QueryError("text must be a form field, not a file")
         upload = form.get("image")
-        ref_id = form.get("reference_id")
+        fields = {}
+        for name, value in form.multi_items():
+            if name == "image":
+                continue
+            if not isinstance(value, str):
+                raise QueryError(f"{name} must be a form field, not a file")
+            if name in fields:
+                raise QueryError(f"{name} is given twice")
+            if value.strip() or name == "text":  # a blank field is an unset one, as the page sends them
+                fields[name] = value
+        f = parse(SearchForm, fields)
         if upload is not None and not isinstance(upload, str) and getattr(upload, "filename", None) is not None:
             data = await upload.read(limits.max_upload_bytes + 1)
             reference = await st.on_cpu(decode_upload, data, limits)
-        elif ref_id not in (None, ""):
-            reference = parse_int(ref_id, "reference_id")
+        elif f.reference_id is not None:
+            reference = f.reference_id
         else:
             raise QueryError("give a reference: reference_id (an indexed id) or image (an uploaded file)")
-        q = Query(text=text or "", reference=reference, method=str(form.get("method") or st.default_method()),
-                  k=parse_int(form.get("k") or 10, "k"), box=parse_box(form.get("box")),
-                  chord=parse_float(form.get("chord") or 0, "chord"))
+        q = Query(text=f.text, reference=reference, method=f.method or st.default_method(), k=f.k,
+                  box=parse_box(f.box), chord=f.chord)
         answer = await st.batcher.submit(q)
         token = None
         if answer.attention is not None:  # drawn only if a client asks for it (GET /attention)

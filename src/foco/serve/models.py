@@ -1,0 +1,137 @@
+"""The request models of every route (pydantic, as FastAPI expects): each field is parsed strictly, and every
+violation becomes a 400 with a JSON message naming the field (`parse`), never a 500 and never a silent rounding.
+
+- ids are ASCII digits (a path or a form field) or JSON integers, within int64 ("٣", "５", 10^30 and 2.7 are refused);
+- counts and offsets are bounded integers;
+- `embedding_input` is a list of finite JSON numbers (no strings, booleans or nested lists) of the index's
+  dimension with a non-zero norm (checked against the index in `knn.py`);
+- texts are strings without control characters (`foco.utils.text`) within the server's length limit.
+"""
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Optional, Union
+
+from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
+                      ValidationError, field_validator)
+
+from ..search.engine import QueryError
+from ..utils.text import text_problem
+
+INT64_MAX = 2 ** 63 - 1
+
+
+def _ascii_int(value: Any) -> int:
+    """An integer field: a JSON integer, an integral finite JSON number (40.0), or ASCII digits with an optional
+    sign (a form or path value), within int64."""
+    if isinstance(value, bool):
+        raise ValueError("must be an integer, not a boolean")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2 ** 63:
+        return int(value)  # JSON's 40.0; 2.7 is refused, never rounded
+    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
+        if len(value.strip().lstrip("+-")) > 19 or not -2 ** 63 <= int(value.strip()) <= INT64_MAX:
+            raise ValueError(f"must be an integer within int64, got {value!r}")
+        return int(value.strip())
+    raise ValueError(f"must be an integer (int64) written in ASCII digits, got {value!r}")
+
+
+def _finite(value: Any) -> float:
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not a boolean")
+    try:
+        x = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"must be a number, got {value!r}") from None
+    if not math.isfinite(x):
+        raise ValueError(f"must be a finite number, got {value!r}")
+    return x
+
+
+def _text(value: Any) -> str:
+    problem = text_problem(value, allow_empty=True)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+FormInt = Annotated[int, BeforeValidator(_ascii_int)]
+Id = Annotated[int, BeforeValidator(_ascii_int), Field(ge=0, le=INT64_MAX)]
+Text = Annotated[str, BeforeValidator(_text)]
+Number = Annotated[float, BeforeValidator(_finite)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+class SearchForm(_Model):
+    """POST /search, from its multipart form (every value a string)."""
+
+    text: Text = ""
+    reference_id: Optional[Id] = None
+    k: Annotated[FormInt, Field(ge=1, le=INT64_MAX)] = 10
+    method: Optional[Annotated[StrictStr, Field(max_length=64)]] = None
+    box: Optional[StrictStr] = None
+    chord: Annotated[Number, Field(ge=0)] = 0.0
+
+
+class GalleryQuery(_Model):
+    """GET /gallery?offset&limit."""
+
+    offset: Annotated[FormInt, Field(ge=0, le=2 ** 62)] = 0
+    limit: Annotated[FormInt, Field(ge=1, le=500)] = 60
+
+
+class MetadataRequest(_Model):
+    """POST /metadata (clip-retrieval)."""
+
+    ids: list[Annotated[StrictInt, Field(ge=0, le=INT64_MAX)]]
+    indice_name: Optional[StrictStr] = None
+
+
+class KnnRequest(_Model):
+    """POST /knn-service (clip-retrieval's ClipClient sends every field; unknown ones are ignored, as there)."""
+
+    text: Optional[Text] = None
+    image: Optional[StrictStr] = None
+    image_url: Optional[StrictStr] = None
+    embedding_input: Optional[list[Union[StrictInt, StrictFloat]]] = None
+    modality: StrictStr = "image"
+    num_images: Annotated[FormInt, Field(ge=1, le=INT64_MAX)] = 40
+    num_result_ids: Optional[Annotated[FormInt, Field(ge=1, le=INT64_MAX)]] = None
+    indice_name: Optional[StrictStr] = None
+    deduplicate: StrictBool = False
+    use_safety_model: StrictBool = False
+    use_violence_detector: StrictBool = False
+    use_mclip: StrictBool = False
+    aesthetic_score: Union[StrictInt, StrictStr, None] = None
+    aesthetic_weight: Union[StrictInt, StrictFloat, None] = None
+
+    @field_validator("embedding_input")
+    @classmethod
+    def _finite_values(cls, v):
+        if v is None:
+            return v
+        try:
+            if all(math.isfinite(x) for x in v):
+                return v
+        except OverflowError:  # an integer beyond any float
+            pass
+        raise ValueError("must hold finite numbers only")
+
+
+def parse(model: type[_Model], data: Any) -> Any:
+    """`data` validated into `model`; a violation is a QueryError naming each field and what is wrong (a 400)."""
+    if not isinstance(data, dict):
+        raise QueryError("the request must be a JSON object (or a form) of named fields")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        parts = []
+        for e in exc.errors(include_url=False)[:5]:
+            where = ".".join(str(p) for p in e["loc"]) or "body"
+            parts.append(f"{where}: {e['msg'].removeprefix('Value error, ')}")
+        raise QueryError("invalid request: " + "; ".join(parts)) from None
