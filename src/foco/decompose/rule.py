@@ -96,9 +96,10 @@ class RuleDecomposer:
         return Decomposition(doc.text if caption is None else caption, pairs, dict(self.settings))
 
 
-def split_pieces(text: str, size: int = PIECE_CHARS) -> list[str]:
-    """`text` cut into pieces of at most `size` characters, each at the last whitespace before the boundary (or at
-    the boundary when there is none); the pieces joined give `text` back."""
+def split_pieces(text: str, size: int | None = None) -> list[str]:
+    """`text` cut into pieces of at most `size` (default `PIECE_CHARS`) characters, each at the last whitespace
+    before the boundary (or at the boundary when there is none); the pieces joined give `text` back."""
+    size = PIECE_CHARS if size is None else size
     pieces, start = [], 0
     while len(text) - start > size:
         cut = max(text.rfind(" ", start + 1, start + size), text.rfind("\n", start + 1, start + size))

@@ -140,6 +140,9 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
         for method in fixed.values():
             if hasattr(method, "close"):
                 method.close()
+    if results["chosen"] and results["split"] == "val":
+        from .report import CHOSEN_ON_SCORED_SPLIT
+        results["chosen_on_scored_split"] = CHOSEN_ON_SCORED_SPLIT
     mean = mean_over_parts(results["parts"])
     if mean:
         results["mean"] = mean
@@ -166,9 +169,15 @@ def _check_provenance(bench: CIRBenchmark, feats: PartFeatures, cfg: EvalConfig,
 
 
 def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBenchmark, PartFeatures]:
+    flag = {"slerp's alpha": "--slerp-alpha 0.8", "Chord's lambda": "--chord 0.5"}.get(what, "a number")
     if cfg.val is None:
-        raise ValueError(f"choosing {what} on val needs the val split's features")
-    val = cfg.val()
+        raise ValueError(f"choosing {what} on val needs the val split's features; pass {flag} instead of 'val'")
+    try:
+        val = cfg.val()
+    except (FileNotFoundError, ValueError) as exc:  # e.g. an exported folder that holds the test split only
+        raise ValueError(f"choosing {what} on val needs the val split of this benchmark, which cannot be read "
+                         f"({exc}); pass a number instead of 'val' ({flag}: the value chosen on val elsewhere), or "
+                         f"give a --root that holds the val split too") from None
     if bench.name not in val:
         raise ValueError(f"the val split has no part {bench.name!r} to choose {what} on")
     _check_provenance(*val[bench.name], cfg, None)

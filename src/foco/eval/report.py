@@ -14,6 +14,11 @@ def metrics_table(rows: dict[str, dict[str, float]], digits: int = 2, key: str =
                                          for name, m in rows.items()])
 
 
+CHOSEN_ON_SCORED_SPLIT = ("these parameters were chosen on the same val split the table scores, so the rows of "
+                          "the methods they tune are optimistic; report the test split (--split test), or fix them "
+                          "(e.g. --slerp-alpha 0.8) for a fair val comparison")
+
+
 def results_table(results: dict) -> str:
     """One row per (part, method), then the mean rows; then R@1 per category where it was computed; then the
     parameters chosen on val and the submission files written."""
@@ -35,4 +40,6 @@ def results_table(results: dict) -> str:
         if e.get("R@1_by_category"):
             lines += ["", f"R@1 by category ({part}):", "", metrics_table(e["R@1_by_category"])]
     lines += [f"chosen on val: {what} = {value}" for what, value in results.get("chosen", {}).items()]
+    if results.get("chosen") and results.get("split") == "val":
+        lines.append("note: " + CHOSEN_ON_SCORED_SPLIT)
     return "\n".join(lines + [f"submission: {p}" for p in results.get("submissions", [])])
