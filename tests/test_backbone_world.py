@@ -1,5 +1,6 @@
 """The world backbone: registry loading, documented shapes, training smoke test with resume."""
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -52,9 +53,15 @@ def test_train_entry_point_learns_and_resumes(tmp_path, tiny_world):
     assert [r["epoch"] for r in log] == [1, 2]
     assert log[1]["loss"] < log[0]["loss"]
     first = create_backbone(f"world:{out}")
-    # run a third epoch on top of the saved state: resume starts at epoch 3, not 1
+    # run a third epoch on top of the saved state: resume starts at epoch 3, not 1. More epochs is a changed
+    # setting: refused unless allowed, and then recorded from where it took effect (issue 24)
     cfg3 = BackboneTrainConfig(epochs=3, batch_size=64, model=SMALL, lr=3e-3)
-    train_world_backbone(tiny_world, out, cfg3)
+    with pytest.raises(ValueError, match="--allow-changed epochs"):
+        train_world_backbone(tiny_world, out, cfg3)
+    train_world_backbone(tiny_world, out, replace(cfg3, allow_changed=("epochs",)))
+    meta = json.loads((out / "config.json").read_text())
+    assert meta["train"]["epochs"] == 2 and meta["train_changes"] == [{"at": {"epoch": 3},
+                                                                      "changed": {"epochs": [2, 3]}}]
     log = [json.loads(l) for l in (out / "train_log.jsonl").read_text().splitlines()]
     assert [r["epoch"] for r in log] == [1, 2, 3]
     assert not torch.equal(first.model.image.c_proj.weight, create_backbone(f"world:{out}").model.image.c_proj.weight)

@@ -3,6 +3,7 @@ evaluation with slerp's alpha chosen on val, figures."""
 import json
 
 from foco.cli import main
+from foco.train.loop import effective_settings
 
 
 def test_quickstart_tiny(tmp_path, capsys):
@@ -16,7 +17,9 @@ def test_quickstart_tiny(tmp_path, capsys):
     assert list(res["methods"]) == ["foco", "foco-edits", "slerp", "image", "text", "sum"]
     assert set(res["chosen_on_val"]) == {"slerp alpha (single)", "slerp alpha (multi)"}
     meta = json.loads((out / "foco-edits" / "foco.json").read_text())
-    assert "not in the FoCo paper" in meta["recipe"] and meta["train"]["stage3_epochs"] == 4
+    assert "not in the FoCo paper" in meta["recipe"] and effective_settings(meta)["stage3_epochs"] == 4
+    assert meta["train"]["stage3_epochs"] == 0  # the paper run it resumed from: the edit stage is a recorded change
+    assert meta["train_changes"][0]["at"] == {"stage": 3, "epoch": 1}
     assert "recipe" not in json.loads((out / "foco" / "foco.json").read_text())  # plain FoCo stays the paper's
     for m in res["methods"].values():
         assert set(m) == {"R@1", "R@5", "R@10", "R@50", "Rs@1", "Rs@2", "Rs@3", "mAP@5", "mAP@10", "mAP@25", "mAP@50"}

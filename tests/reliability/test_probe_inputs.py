@@ -302,3 +302,48 @@ def test_a_deleted_file_is_not_served(small_index):
     vec = engine.store.vector_rows([target.id])[0]
     (folder / target.path).unlink()
     assert target.id not in [h.id for h in engine.search_vector(vec.astype(np.float64), 3)]
+
+
+def _world_copy(tiny_world: Path, out: Path) -> Path:
+    shutil.copytree(tiny_world, out, ignore=shutil.ignore_patterns("images"))
+    (out / "images").symlink_to(tiny_world / "images", target_is_directory=True)
+    return out
+
+
+def test_every_world_reader_refuses_a_deleted_query_line(tiny_world, tmp_path):
+    from foco.benchmarks import read_benchmark
+    from foco.utils.io import ManifestError
+    world = _world_copy(tiny_world, tmp_path / "w")
+    path = world / "benchmarks" / "val" / "single" / "queries.jsonl"
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(ManifestError, match="world.json counts"):
+        read_benchmark("world", world, "val")
+
+
+def test_a_world_modification_with_a_control_character_is_refused(tiny_world, tmp_path):
+    from foco.benchmarks import read_benchmark
+    from foco.utils.io import ManifestError
+    world = _world_copy(tiny_world, tmp_path / "w")
+    path = world / "benchmarks" / "val" / "multi" / "queries.jsonl"
+    lines = path.read_text().splitlines(keepends=True)
+    rec = json.loads(lines[2])
+    rec["modification"] = "make it\x00 red"
+    path.write_text("".join(lines[:2]) + json.dumps(rec) + "\n" + "".join(lines[3:]))
+    with pytest.raises(ManifestError, match=r"queries.jsonl:3: the modification holds the control character U\+0000"):
+        read_benchmark("world", world, "val")
+
+
+def test_search_refuses_a_control_character_in_the_text(small_index):
+    from foco.search.engine import Query, QueryError, SearchEngine
+    _, idx = small_index
+    engine = SearchEngine.open(idx)
+    with pytest.raises(QueryError, match="control character"):
+        engine.search(Query(text="make it\x1b red", reference=1, method="sum", k=2))
+
+
+def test_eval_out_never_replaces_a_file_that_is_not_its_results(tiny_world, tmp_path, capsys):
+    out = tmp_path / "paper.json"
+    out.write_text('{"title": "my draft"}')
+    _fails(["eval", "--benchmark", "world", "--root", tiny_world, "--backbone", "world:pretrained",
+            "--methods", "sum", "--out", out], capsys, "not a results file", "--force")
+    assert out.read_text() == '{"title": "my draft"}'

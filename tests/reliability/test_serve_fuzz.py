@@ -26,7 +26,7 @@ from foco.search.build import IndexConfig, build_index  # noqa: E402
 from foco.search.engine import SearchEngine  # noqa: E402
 from foco.serve.app import ServeLimits, create_app  # noqa: E402
 
-PATHS, BODIES, FORMS = 1000, 800, 600  # requests of the three tests below: 2,400 in all (plus 1 in 8 forms' knn)
+PATHS, BODIES, FORMS = 900, 650, 450  # requests of the three tests below: 2,000 in all (plus 1 in 8 forms' knn)
 
 
 @pytest.fixture(scope="module")

@@ -92,6 +92,16 @@ def mark_outputs(a: argparse.Namespace) -> None:
                 pass  # a read-only folder: the command has said so
 
 
+def input_record(path: str | Path | None, **extra) -> dict:
+    """What a store records of an input it was made from: the path (resolved), and the sha256 of a file."""
+    if path is None:
+        return dict(extra)
+    from ..utils.io import sha256_file
+    p = Path(path)
+    return {"input": str(p.resolve()) if p.exists() else str(path),
+            "sha256": sha256_file(p) if p.is_file() else None, **extra}
+
+
 def check_writable(path: str | Path | None, flag: str) -> None:
     """Fails now, not after hours of work, when the output file `path` of `flag` cannot be written."""
     import os
@@ -188,6 +198,11 @@ def chat_config(a: argparse.Namespace):
     from ..decompose.client import ChatConfig
     return ChatConfig(url=a.llm_url or "", model=a.llm_model or "", api_key=a.llm_key or "", timeout_s=a.timeout,
                       max_tokens=a.max_tokens, json_mode=a.json_mode)
+
+
+def add_precision_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
+                   help="fp32 (default), bf16 autocast, or auto (bf16 where the CPU or GPU computes it natively)")
 
 
 def add_device_arg(p: argparse.ArgumentParser) -> None:

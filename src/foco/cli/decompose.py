@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_llm_args, chat_config, positive_int
+from .common import add_llm_args, chat_config, input_record, positive_int
 
 
 def _decompose(a: argparse.Namespace) -> int:
@@ -27,7 +27,8 @@ def _decompose(a: argparse.Namespace) -> int:
     decomposer = build_decomposer(a.decomposer, records, llm, max_pairs=a.max_pairs)
     try:
         stats = run_decompose([r.caption for r in records], decomposer, a.out, batch_size=a.batch_size,
-                              retry_flagged=a.retry_flagged, shard=shard)
+                              retry_flagged=a.retry_flagged, shard=shard,
+                              source=input_record(a.inp, split=a.split, limit=a.limit))
     finally:
         if hasattr(decomposer, "close"):
             decomposer.close()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_owned_output, add_llm_args, chat_config, nonneg_int, positive_int
+from .common import add_llm_args, add_owned_output, chat_config, input_record, nonneg_int, positive_int
 
 
 def _sources(a: argparse.Namespace) -> list:
@@ -43,7 +43,9 @@ def _generate(a: argparse.Namespace) -> int:
     cfg = GenerateConfig(per_caption=a.per_caption, seed=a.seed, min_shared_heads=a.min_shared_heads,
                          batch_size=a.batch_size)
     try:
-        stats = run_generate(sources, writer, a.out, cfg)
+        stats = run_generate(sources, writer, a.out, cfg,
+                             source={**input_record(a.inp, split=a.split),
+                                     "decompositions": input_record(a.decompositions, decomposer=a.decomposer)})
     finally:
         if hasattr(writer, "close"):
             writer.close()

@@ -80,6 +80,7 @@ def _eval(a: argparse.Namespace) -> int:
     from ..utils.io import atomic_write_text
     name, root, split = _target(a)
     check_writable(a.out, "--out")
+    _check_results_file(a.out, a.force)
     options = _reader_options(a, name)
     methods = tuple(a.methods.split(","))
     spec = a.backbone or checkpoint_backbone(a.checkpoint)
@@ -110,6 +111,19 @@ def _eval(a: argparse.Namespace) -> int:
         atomic_write_text(a.out, json.dumps(results, indent=2) + "\n")
         print(f"results in {a.out}")
     return 0
+
+
+def _check_results_file(out: str | None, force: bool) -> None:
+    """--out replaces an earlier results file of `foco eval`, never another file, unless --force."""
+    if not out or not Path(out).is_file():
+        return
+    try:
+        mine = {"benchmark", "parts"} <= set(json.loads(Path(out).read_text()))
+    except (ValueError, TypeError, UnicodeDecodeError):
+        mine = False
+    if not mine and not force:
+        raise FileExistsError(f"--out {out} exists and is not a results file of `foco eval`; choose another --out, or "
+                              "pass --force to replace it")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -152,4 +166,5 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "native); a cache keeps the precision it was made with")
     add_device_arg(ev)
     ev.add_argument("--out", default=None, help="write the results as JSON here")
+    ev.add_argument("--force", action="store_true", help="--out may replace a file that is not a results file")
     ev.set_defaults(func=_eval)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_allow_changed, add_decomposition_args, add_device_arg, add_owned_output, check_resume,
-                     nonneg_float, nonneg_int, positive_float, positive_int)
+from .common import (add_allow_changed, add_decomposition_args, add_device_arg, add_owned_output,
+                     add_precision_arg, check_resume, nonneg_float, nonneg_int, positive_float, positive_int)
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -129,33 +129,6 @@ def _train(a: argparse.Namespace) -> int:
     return 0
 
 
-def _pic2word_train(a: argparse.Namespace) -> int:
-    from ..backbones import create_backbone
-    from ..features import FeatureCache
-    from ..train.pic2word import Pic2WordTrainConfig, train_pic2word
-    from ..backbones import check_same_backbone
-    from ..train.inputs import features_provenance
-    cache = FeatureCache(a.features)
-    spec = a.backbone or cache.manifest["backbone"]
-    check_same_backbone(spec, "--backbone", cache.backbone, f"the features in {a.features}",
-                        f"leave --backbone out (the features' {cache.backbone['spec']}), or extract features with it")
-    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
-    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
-    cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
-                              allow_changed=a.allow_changed)
-    train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
-                   meta={"provenance": features_provenance(a.features)})
-    shutdown(env)
-    if env.is_main:
-        print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
-    return 0
-
-
-def add_precision_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--precision", default="fp32", choices=["fp32", "bf16", "auto"],
-                   help="fp32 (default), bf16 autocast, or auto (bf16 where the CPU or GPU computes it natively)")
-
-
 def register(sub: argparse._SubParsersAction) -> None:
     _register_features(sub)
     _register_train(sub)
@@ -222,6 +195,11 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     add_device_arg(tr)
     tr.add_argument("--resume", action="store_true", help="continue the run in --out")
     add_allow_changed(tr)
+    _add_edit_args(tr)
+    tr.set_defaults(func=_train)
+
+
+def _add_edit_args(tr: argparse.ArgumentParser) -> None:
     ed = tr.add_argument_group("foco-edits: a third stage on edit triplets (NOT in the FoCo paper)")
     ed.add_argument("--edits", default=None, help="SQLite store of `foco edits generate` (off: the paper's recipe)")
     ed.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
@@ -235,21 +213,3 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     ed.add_argument("--target-threshold", default="auto",
                     help="target images retrieved from the corpus: a cosine, or 'auto' (the corpus's median "
                          "caption-image cosine)")
-    tr.set_defaults(func=_train)
-
-    pw = sub.add_parser("pic2word", help="the Pic2Word baseline").add_subparsers(dest="action", required=True)
-    pt = pw.add_parser("train", help="train Pic2Word's mapping network on cached image features")
-    pt.add_argument("--features", required=True, help="feature cache of the training split (its images)")
-    pt.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(pt, signature=("train_state", "pic2word.json"))
-    pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
-    pt.add_argument("--epochs", type=nonneg_int, default=2, help="passes over the training data")
-    pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
-    pt.add_argument("--lr", type=positive_float, default=5e-4,
-                    help="peak learning rate (linear warm-up, then cosine decay)")
-    pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
-    add_device_arg(pt)
-    add_allow_changed(pt)
-    pt.add_argument("--dist-timeout", type=positive_int, default=120,
-                    help="under torchrun: seconds a rank waits for the others before the job stops")
-    pt.set_defaults(func=_pic2word_train)

@@ -59,8 +59,9 @@ def parse_shard(value: str) -> tuple[int, int]:
 
 def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str | Path, batch_size: int = 64,
                   show_progress: bool = True, retry_flagged: bool = False,
-                  shard: tuple[int, int] | None = None) -> DecomposeStats:
-    """Decomposes every distinct caption (only those of `shard` = (i, n), when given) into the store."""
+                  shard: tuple[int, int] | None = None, source: dict | None = None) -> DecomposeStats:
+    """Decomposes every distinct caption (only those of `shard` = (i, n), when given) into the store, and records
+    the run (`source`: what the captions were read from) in the store's provenance."""
     distinct = list(dict.fromkeys(captions))
     if shard is not None:
         distinct = [c for c in distinct if shard_of(c, shard[1]) == shard[0]]
@@ -68,6 +69,7 @@ def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str |
     with DecompositionStore(store_path) as store:
         sid = store.register(decomposer.settings)
         stats.settings_id = sid
+        store.record_run(sid, {**(source or {}), "captions": len(captions), "shard": list(shard) if shard else None})
         done = store.done_hashes(sid, include_flagged=not retry_flagged)
         todo = [c for c in distinct if caption_hash(c) not in done]
         if retry_flagged:

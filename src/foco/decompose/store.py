@@ -30,7 +30,20 @@ CREATE TABLE IF NOT EXISTS decompositions (
     flag TEXT NOT NULL DEFAULT '', -- non-empty when a fallback produced the pairs
     PRIMARY KEY (caption_hash, settings_id)
 ) WITHOUT ROWID;
-"""
+""" + "\n" + "CREATE TABLE IF NOT EXISTS runs (settings_id TEXT NOT NULL, json TEXT NOT NULL);"
+RUNS = "CREATE TABLE IF NOT EXISTS runs (settings_id TEXT NOT NULL, json TEXT NOT NULL);"  # every store kind's
+
+
+def record_run(db: sqlite3.Connection, path: Path, sid: str, source: dict | None) -> None:
+    """Appends what a run wrote its results from (the input file and its sha256, the count) and what made them
+    (the command, the machine, foco's commit): the store's provenance, one row per run."""
+    from ..utils.provenance import provenance
+    with writing(db, path):
+        db.execute("INSERT INTO runs VALUES (?, ?)", (sid, json.dumps({"source": source, **provenance()})))
+
+
+def read_runs(db: sqlite3.Connection) -> list[dict]:
+    return [{"settings_id": sid, **json.loads(j)} for sid, j in db.execute("SELECT settings_id, json FROM runs")]
 
 
 class StoreError(ValueError):
@@ -122,6 +135,12 @@ class DecompositionStore:
     def register(self, settings: dict[str, Any]) -> str:
         with writing(self.db, self.path):
             return register_settings(self.db, settings)
+
+    def record_run(self, sid: str, source: dict | None) -> None:
+        record_run(self.db, self.path, sid, source)
+
+    def runs(self) -> list[dict]:
+        return read_runs(self.db)
 
     def done_hashes(self, sid: str, include_flagged: bool = True) -> set[str]:
         """Captions stored for `sid`; without the flagged ones (a fallback wrote them) when `include_flagged` is

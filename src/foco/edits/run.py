@@ -42,8 +42,9 @@ class GenerateStats:
 
 
 def run_generate(sources: list[tuple[str, Decomposition]], writer, store_path: str | Path, cfg: GenerateConfig,
-                 pool: PhrasePool | None = None) -> GenerateStats:
-    """`sources`: (source image id, its caption's decomposition). Every id is edited exactly once per setting."""
+                 pool: PhrasePool | None = None, source: dict | None = None) -> GenerateStats:
+    """`sources`: (source image id, its caption's decomposition). Every id is edited exactly once per setting. The
+    run is recorded in the store's provenance (`source`: what the captions and decompositions were read from)."""
     ids = [i for i, _ in sources]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{len(ids) - len(set(ids))} source ids repeat; each image must appear once")
@@ -53,6 +54,7 @@ def run_generate(sources: list[tuple[str, Decomposition]], writer, store_path: s
     stats = GenerateStats(sources=len(sources))
     with EditStore(store_path) as store:
         sid = stats.settings_id = store.register(settings)
+        store.record_run(sid, {**(source or {}), "sources": len(sources)})
         done = store.done_sources(sid)
         todo = [(i, d) for i, d in sources if i not in done]
         stats.already_done = len(sources) - len(todo)

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..decompose.store import open_store, read_settings, register_settings, writing
+from ..decompose.store import RUNS, open_store, read_runs, read_settings, record_run, register_settings, writing
 from .schema import ITTRecord
 
 _SCHEMA = """
@@ -16,7 +16,7 @@ CREATE TABLE IF NOT EXISTS sources (source_id TEXT NOT NULL, settings_id TEXT NO
 CREATE TABLE IF NOT EXISTS triplets (source_id TEXT NOT NULL, settings_id TEXT NOT NULL, i INTEGER NOT NULL,
                                      kind TEXT NOT NULL, record TEXT NOT NULL,
                                      PRIMARY KEY (source_id, settings_id, i));
-"""
+""" + RUNS
 
 
 class EditStore:
@@ -33,6 +33,12 @@ class EditStore:
     def register(self, settings: dict[str, Any]) -> str:
         with writing(self.db, self.path):
             return register_settings(self.db, settings)
+
+    def record_run(self, sid: str, source: dict | None) -> None:
+        record_run(self.db, self.path, sid, source)
+
+    def runs(self) -> list[dict]:
+        return read_runs(self.db)
 
     def done_sources(self, sid: str) -> set[str]:
         return {s for (s,) in self.db.execute("SELECT source_id FROM sources WHERE settings_id = ?", (sid,))}

@@ -239,6 +239,15 @@ def recorded_settings(history: dict) -> dict:
     return {"train": history["start"], "train_changes": history["changes"]}
 
 
+def effective_settings(meta: dict) -> dict:
+    """The settings in force at the end of a run, from what `recorded_settings` wrote: the start with every
+    recorded change applied."""
+    out = dict(meta.get("train") or {})
+    for change in meta.get("train_changes") or []:
+        out.update({k: v[1] for k, v in change["changed"].items()})
+    return out
+
+
 def setting_name(name: str) -> str:
     """A setting as `--allow-changed` may spell it: "lr-stage1", "--lr-stage1" and "lr_stage1" are one."""
     return name.strip().lstrip("-").replace("-", "_")

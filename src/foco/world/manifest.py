@@ -40,8 +40,10 @@ def load_pairs(root: str | Path, split: str) -> list[WorldPair]:
             dec = Decomposition.from_dict(r["decomposition"])
         except ValueError as exc:
             raise ManifestError(f"{path}:{lineno}: bad decomposition: {exc}") from exc
+        _check_text(path, lineno, "caption", r["caption"])
         out.append(WorldPair(str(r["id"]), root / r["image"], str(r["caption"]), dec))
     _check_unique(path, [p.id for p in out])
+    _check_count(root, f"pairs/{split}.jsonl", len(out))
     return out
 
 
@@ -64,6 +66,7 @@ def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmar
             raise ManifestError(f"{qpath}:{lineno}: {len(unknown)} id(s) not in the gallery: {unknown[:3]}")
         if not targets:
             raise ManifestError(f"{qpath}:{lineno}: query has no target")
+        _check_text(qpath, lineno, "modification", q["modification"])
         bench.query_ids.append(str(q["id"]))
         bench.references.append(q["reference"])
         bench.modifications.append(str(q["modification"]))
@@ -71,7 +74,29 @@ def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmar
         bench.subsets.append(subset)
         bench.edit_types.append(str(q.get("edit", {}).get("type", "")))
     _check_unique(qpath, bench.query_ids)
+    _check_count(root, f"benchmarks/{split}/{protocol}/gallery.jsonl", len(gids))
+    _check_count(root, f"benchmarks/{split}/{protocol}/queries.jsonl", len(queries))
     return bench
+
+
+def _check_text(path: Path, lineno: int, field: str, value) -> None:
+    from ..utils.text import text_problem
+    problem = text_problem(value)
+    if problem:
+        raise ManifestError(f"{path}:{lineno}: the {field} {problem}; fix the line or regenerate the world")
+
+
+def _check_count(root: Path, rel: str, n: int) -> None:
+    """A manifest holds as many records as world.json counts for it (where it counts it): a deleted or added line
+    is refused by every reader, not only by `foco world verify`."""
+    from ..utils.io import read_json
+    summary = root / "world.json"
+    if not summary.is_file():
+        return
+    want = (read_json(summary).get("counts") or {}).get(rel)
+    if want is not None and want != n:
+        raise ManifestError(f"{root / rel}: {n} records, but {summary} counts {want} (lines deleted or added since "
+                            "generation); regenerate the world, or check it with `foco world verify`")
 
 
 def _check_unique(path: Path, ids: list[str]) -> None:
