@@ -347,3 +347,37 @@ def test_eval_out_never_replaces_a_file_that_is_not_its_results(tiny_world, tmp_
     _fails(["eval", "--benchmark", "world", "--root", tiny_world, "--backbone", "world:pretrained",
             "--methods", "sum", "--out", out], capsys, "not a results file", "--force")
     assert out.read_text() == '{"title": "my draft"}'
+
+
+def test_a_folder_entered_with_force_stays_the_users(tiny_world, train_features, tmp_path, capsys):
+    """--force writes beside a user's files once; it does not make the folder foco's for the next command."""
+    folder = _user_folder(tmp_path / "mine")
+    assert main(["world", "export", "--world", str(tiny_world), "--format", "fashioniq", "--out", str(folder),
+                 "--force"]) == 0
+    _fails(["features", "extract", "--backbone", "world:pretrained", "--world", tiny_world, "--split", "train",
+            "--out", folder], capsys, "foco did not write", "--force")
+
+
+def test_a_hugging_face_folder_is_not_taken_for_a_world_backbone(tmp_path, capsys):
+    folder = tmp_path / "clip-vit-base-patch32"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "clip"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    _fails(["backbone", "train", "--world", tmp_path / "w", "--out", folder], capsys, "foco did not write")
+    assert (folder / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_an_embedding_beyond_float32_is_refused(small_index):
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+    from foco.search.engine import SearchEngine
+    from foco.serve.app import ServeLimits, create_app
+    _, idx = small_index
+    engine = SearchEngine.open(idx)
+    c = TestClient(create_app(engine, ServeLimits()))
+    for emb in ([1e39] + [0.0] * (engine.dim - 1), [1e-46] * engine.dim):
+        r = c.post("/knn-service", json={"embedding_input": emb, "num_images": 2})
+        assert r.status_code == 400 and "float32" in r.json()["error"], r.text
+    r = c.post("/knn-service", json={"embedding_input": [0.1] * engine.dim, "num_images": 2, "aesthetic_weight": "0.5",
+                                     "aesthetic_score": ""})
+    assert r.status_code == 200 and len(r.json()) == 2  # clip-front's string fields are accepted

@@ -203,7 +203,9 @@ def test_foco_train_resume_keeps_the_recorded_settings(tiny_world, train_feature
     _fails(base + ["--resume", "--max-negatives", "3"], capsys, "max_negatives", "--allow-changed max_negatives")
     assert main([str(a) for a in base + ["--resume", "--max-negatives", "3", "--allow-changed", "max-negatives"]]) == 0
     after = json.loads((tmp_path / "o" / "foco.json").read_text())
-    assert after["train"] == meta["train"] and after["train_changes"] == []  # nothing was trained with it
+    assert after["train"] == meta["train"]  # the past keeps its settings; the change applied to no step:
+    assert [c["changed"] for c in after["train_changes"]] == [{"max_negatives": [None, 3]}]
+    assert after["train_changes"][0]["at"]["trained"] == "no step after it"
 
 
 # --- integrity of what the data means -----------------------------------------------------------------------------
@@ -276,3 +278,22 @@ def test_world_verify_catches_an_edited_query(tiny_world, tmp_path, capsys):
 
 def test_world_verify_passes_an_intact_world(tiny_world, capsys):
     assert main(["world", "verify", str(tiny_world)]) == 0
+
+
+def test_a_change_to_a_phase_that_then_trains_nothing_is_still_recorded(tmp_path):
+    from foco.train.loop import LoopConfig, Phase, run
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+
+    def phases(e2):
+        return [Phase(2, lambda: torch.optim.SGD(model.parameters(), lr=0.1),
+                      lambda idx: {"loss": model(torch.ones(len(idx), 2)).pow(2).mean()}, tag={"stage": s},
+                      settings=("stage2_epochs",) if s == 2 else ()) for s in (1, 2)][:1] + \
+            [Phase(e2, lambda: torch.optim.SGD(model.parameters(), lr=0.1),
+                   lambda idx: {"loss": model(torch.ones(len(idx), 2)).pow(2).mean()}, tag={"stage": 2},
+                   settings=("stage2_epochs",))]
+    first = phases(0)
+    run(model, first, tmp_path, LoopConfig(8, 4, settings={"stage2_epochs": 3}), np.random.default_rng(0), True)
+    history = run(model, phases(0), tmp_path, LoopConfig(8, 4, settings={"stage2_epochs": 0}),
+                  np.random.default_rng(0), True)
+    assert history["changes"] and history["changes"][0]["changed"] == {"stage2_epochs": [3, 0]}

@@ -48,6 +48,13 @@ class _Plan:
     def place(self, src: Path, dst: Path) -> None:
         self.images.append((src, dst))
 
+    def check_images(self) -> None:
+        """Refuses, before anything is written, an existing file under an image's name that holds other bytes."""
+        for src, dst in self.images:
+            if dst.exists() and not filecmp.cmp(src, dst, shallow=False):
+                raise ManifestError(f"{dst} already exists and is another image than {src}: an export folder holds "
+                                    "one split of one world; choose another --out")
+
     def run(self) -> None:
         for src, dst in self.images:
             _place(src, dst)
@@ -99,14 +106,15 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force
                                 "splits share one gallery and one image-info file, and the world's splits have "
                                 "different galleries, so each split needs its own --out")
     bench = load_benchmark(world, split, protocol)
-    claim_folder(out, f"world export --format {fmt}", force=force)
+    claim_folder(out, f"world export --format {fmt}", ("world_export.*.json",), force=force)
     writer = {"cirr": _cirr, "circo": _circo, "fashioniq": _fashioniq, "genecis": _genecis}[fmt]
     plan = _Plan()
     query_map, extra = writer(world, bench, split, out, plan)
     summary = {"world": str(world), "split": split, "protocol": protocol, "format": fmt,
                "queries": len(query_map), "gallery": len(bench.gallery_ids), **extra, "query_ids": query_map}
     plan.write_json(out / f"world_export.{fmt}.{split}.json", summary)
-    check_outputs(out, [p for p, _ in plan.json], force)  # images: an existing other image is refused anyway
+    check_outputs(out, [p for p, _ in plan.json], force)
+    plan.check_images()
     plan.run()
     record_outputs(out, [p for p, _ in plan.json] + [d for _, d in plan.images])
     return summary

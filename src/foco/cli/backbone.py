@@ -11,7 +11,7 @@ from .common import (add_allow_changed, add_device_arg, add_owned_output, nonneg
 def _train(a: argparse.Namespace) -> int:
     from ..train.world_backbone import BackboneTrainConfig, train_world_backbone
     cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
-                              device=a.device, allow_changed=a.allow_changed)
+                              device=a.device, allow_changed=tuple(a.allow_changed))
     metrics = train_world_backbone(a.world, a.out, cfg, resume=not a.no_resume)
     print_table("world backbone on backbone_val", metrics)
     print(f"saved to {a.out} (model.safetensors + config.json); use it as --backbone world:{a.out}")
@@ -32,7 +32,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = bb.add_parser("train", help="pretrain the world backbone contrastively on the pretrain split")
     t.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     t.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(t, signature=("train_state", "config.json", "cache"))
+    add_owned_output(t, signature=("train_state", "config.json:weights_sha256"))
     t.add_argument("--epochs", type=nonneg_int, default=6, help="passes over the training data")
     t.add_argument("--batch-size", type=positive_int, default=256, help="examples per step")
     t.add_argument("--lr", type=positive_float, default=2e-3,

@@ -74,9 +74,12 @@ def add_owned_output(p: argparse.ArgumentParser, dest: str = "out", signature: t
 def check_outputs(a: argparse.Namespace) -> None:
     """Refuses, before the command writes anything, an output folder it declared (`add_owned_output`) that holds
     files foco did not write (unless --force)."""
-    from ..utils.ownership import check_folder
+    from ..utils.ownership import check_folder, is_empty_or_owned
+    a._foreign = set()
     for dest, signature, flag in getattr(a, "_owned", None) or []:
         if getattr(a, dest, None):
+            if not is_empty_or_owned(getattr(a, dest), signature):
+                a._foreign.add(dest)  # entered with --force: it stays the user's (never marked as foco's)
             check_folder(getattr(a, dest), signature, getattr(a, "force", False), flag)
 
 
@@ -85,6 +88,8 @@ def mark_outputs(a: argparse.Namespace) -> None:
     from ..utils.ownership import mark_folder
     command = " ".join(str(getattr(a, k)) for k in ("command", "action") if getattr(a, k, None))
     for dest, _, _ in getattr(a, "_owned", None) or []:
+        if dest in getattr(a, "_foreign", ()):
+            continue
         if getattr(a, dest, None) and Path(getattr(a, dest)).is_dir():
             try:
                 mark_folder(getattr(a, dest), command)
@@ -129,14 +134,15 @@ def check_resume(a: argparse.Namespace) -> None:
 
 def add_allow_changed(p: argparse.ArgumentParser) -> None:
     """--allow-changed on every trainer: settings a resumed run may change, recorded from where it stands."""
-    p.add_argument("--allow-changed", type=setting_list, default=(), metavar="SETTING[,SETTING]",
-                   help="with --resume: train on with these settings changed (e.g. lr-stage1); the change is recorded "
-                        "from the epoch it takes effect, never over the past (otherwise a changed setting is refused)")
+    p.add_argument("--allow-changed", type=setting_list, action="extend", default=[], metavar="SETTING[,SETTING]",
+                   help="with --resume: train on with these settings changed, named as the run records them (e.g. "
+                        "lr_stage1 or lr-stage1, max_negatives, model.learn_bias); the change is recorded from the "
+                        "epoch it takes effect, never over the past (otherwise a changed setting is refused)")
 
 
-def setting_list(v: str) -> tuple[str, ...]:
+def setting_list(v: str) -> list[str]:
     """argparse type: comma-separated setting names, as flags ("lr-stage1") or fields ("lr_stage1")."""
-    names = tuple(n.strip().lstrip("-").replace("-", "_") for n in v.split(",") if n.strip())
+    names = [n.strip().lstrip("-").replace("-", "_") for n in v.split(",") if n.strip()]
     if not names:
         raise argparse.ArgumentTypeError("name at least one setting, e.g. --allow-changed lr-stage1")
     return names

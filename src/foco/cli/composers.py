@@ -39,7 +39,7 @@ def _pact_train(a: argparse.Namespace) -> int:
                           compose_weight=a.compose_weight, preserve_weight=a.preserve_weight,
                           visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
                           max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
-                          allow_changed=a.allow_changed)
+                          allow_changed=tuple(a.allow_changed))
     train_pact(edits, backbone, a.out, cfg, resume=a.resume)
     if not _leave():
         return 0
@@ -55,7 +55,7 @@ def _tscir_train(a: argparse.Namespace) -> int:
                            lr_stage1=a.lr_stage1, lr_stage2=a.lr_stage2, soft_weight=a.soft_weight,
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
                            max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
-                          allow_changed=a.allow_changed)
+                          allow_changed=tuple(a.allow_changed))
     _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
     if not _leave():
         return 0
@@ -96,7 +96,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     p.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     p.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(p, signature=("train_state", "composer.json"))
+    add_owned_output(p, signature=("train_state", "composer.json:mapper"))
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")

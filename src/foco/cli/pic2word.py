@@ -19,7 +19,7 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
-                              allow_changed=a.allow_changed)
+                              allow_changed=tuple(a.allow_changed))
     train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
                    meta={"provenance": features_provenance(a.features)})
     shutdown(env)
@@ -33,7 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt = pw.add_parser("train", help="train Pic2Word's mapping network on cached image features")
     pt.add_argument("--features", required=True, help="feature cache of the training split (its images)")
     pt.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(pt, signature=("train_state", "pic2word.json"))
+    add_owned_output(pt, signature=("train_state", "pic2word.json:model"))
     pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     pt.add_argument("--epochs", type=nonneg_int, default=2, help="passes over the training data")
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")

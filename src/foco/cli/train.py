@@ -91,7 +91,7 @@ def _train(a: argparse.Namespace) -> int:
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
                           precision=a.precision, compile=a.compile, device=env.device,
-                          allow_changed=a.allow_changed)
+                          allow_changed=tuple(a.allow_changed))
     if a.online:
         from ..train.inputs import online_table
         if a.backbone is None or a.edits:
@@ -146,7 +146,7 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--split", default=None,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
     x.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(x, signature=("manifest.json", "corpus.json", "parts"))
+    add_owned_output(x, signature=("manifest.json:shard_size", "corpus.json:parts"))
     x.add_argument("--shard-size", type=positive_int, default=2048,
                    help="items per safetensors shard (the unit of resume)")
     x.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
@@ -176,7 +176,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--workers", type=nonneg_int, default=2, help="with --online: DataLoader workers decoding images")
     add_decomposition_args(tr)
     tr.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(tr, signature=("train_state", "foco.json"))
+    add_owned_output(tr, signature=("train_state", "foco.json:model"))
     tr.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     tr.add_argument("--stage2-epochs", type=nonneg_int, default=30, help="epochs of the second stage")
     tr.add_argument("--batch-size", type=positive_int, default=512, help="examples per step")

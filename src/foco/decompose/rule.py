@@ -100,9 +100,11 @@ def split_pieces(text: str, size: int | None = None) -> list[str]:
     """`text` cut into pieces of at most `size` (default `PIECE_CHARS`) characters, each at the last whitespace
     before the boundary (or at the boundary when there is none); the pieces joined give `text` back."""
     size = PIECE_CHARS if size is None else size
+    if size < 1:
+        raise ValueError(f"pieces must hold at least one character, not {size}")
     pieces, start = [], 0
     while len(text) - start > size:
-        cut = max(text.rfind(" ", start + 1, start + size), text.rfind("\n", start + 1, start + size))
+        cut = max(text.rfind(c, start + 1, start + size) for c in " \n\t\r")
         end = cut if cut > start else start + size
         pieces.append(text[start:end])
         start = end

@@ -16,6 +16,7 @@ vectors (a shortlist of refine x k, recorded with the index).
 """
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ from .vectors import load_vector_index, search_vectors, set_search_params
 DEFAULT_BOX_BETA = -8.0  # chosen on the ambiguous world benchmark's val split (docs/benchmarks.md)
 CHORD_SHORTLIST = 200
 SEARCH_NPROBE, SEARCH_EF = 32, 128  # IVF lists probed, HNSW's efSearch (experiments/bench_faiss.py: recall vs time)
+
+
+log = logging.getLogger(__name__)
 
 
 class QueryError(ValueError):
@@ -348,14 +352,20 @@ class SearchEngine:
             order = np.argsort(-s, kind="stable")
             scores, ids = s[order], ids[order]
         rows = self.store.rows_by_id(ids.tolist())  # one query; every id has a row (its slot was found)
-        hits = []
+        hits, stale = [], 0
         for s, i in zip(scores.tolist(), ids.tolist()):
             row = rows.get(int(i))
-            if row is None or not self._current(row):
+            if row is None:
+                continue
+            if not self._current(row):
+                stale += 1
                 continue
             hits.append(Hit(int(i), row.path, float(s)))
             if len(hits) == k:
                 break
+        if stale:
+            log.warning("%d indexed files changed or were deleted since indexing and were left out of the results; "
+                        "run `foco index update %s`", stale, self.folder)
         return hits
 
     def _current(self, row) -> bool:

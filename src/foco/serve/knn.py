@@ -97,8 +97,14 @@ def register(app: FastAPI, st: ServeState) -> None:
             if vec.shape != (engine.dim,):
                 raise QueryError(f"embedding_input has {len(emb)} values; this index holds {engine.dim}-dimensional "
                                  "vectors")
-            if not np.linalg.norm(vec) > 0:
-                raise QueryError("embedding_input is all zeros: it has no direction to search along")
+            with np.errstate(over="ignore", under="ignore"):
+                v32 = vec.astype(np.float32)  # what the index searches with
+                norm = float(np.linalg.norm(v32.astype(np.float64)))
+            if not np.all(np.isfinite(v32)):
+                raise QueryError("embedding_input holds values beyond float32 (|x| > 3.4e38)")
+            if not norm > 0 or not np.isfinite(norm):
+                raise QueryError("embedding_input is all zeros (in float32): it has no direction to search along")
+            vec = v32.astype(np.float64) / norm
             hits = await st.on_cpu(engine.search_vector, vec, num_ids, limits.max_knn)
         elif image_b64:
             try:

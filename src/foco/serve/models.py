@@ -107,8 +107,8 @@ class KnnRequest(_Model):
     use_safety_model: StrictBool = False
     use_violence_detector: StrictBool = False
     use_mclip: StrictBool = False
-    aesthetic_score: Union[StrictInt, StrictStr, None] = None
-    aesthetic_weight: Union[StrictInt, StrictFloat, None] = None
+    aesthetic_score: Any = None  # clip-front sends "" or a number as a string: refused unless empty (knn.py)
+    aesthetic_weight: Any = None  # ignored, as it has no effect without aesthetic embeddings
 
     @field_validator("embedding_input")
     @classmethod

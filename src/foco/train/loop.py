@@ -75,7 +75,8 @@ class LoopConfig:
     device: str = "cpu"  # where the model and batches live: autocast runs for this device type
 
 
-RUN_ONLY = frozenset({"device", "compile", "threads", "dist_timeout", "allow_changed"})  # change how a run computes, not what
+# where or how fast a run computes, not what; precision is compared resolved, in the run's identity
+RUN_ONLY = frozenset({"device", "compile", "threads", "dist_timeout", "allow_changed", "precision"})
 
 
 def settings_of(cfg, skip: frozenset[str] = RUN_ONLY) -> dict:
@@ -172,7 +173,23 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
             if on_epoch is not None:
                 on_epoch(rec)
     model.eval()
+    if pending:  # changes to phases that trained no step now (e.g. fewer epochs): recorded where the run stands
+        saved = read_json(out / "train_state" / STATE_JSON)["progress"] if has_training_state(out / "train_state") \
+            else {}
+        at = {k: v for k, v in saved.items() if k not in ("identity", "settings")}
+        history["changes"] += [{"at": {**at, "trained": "no step after it"}, "changed": pending.pop(j)}
+                               for j in sorted(pending)]
+        if cfg.env.is_main and has_training_state(out / "train_state"):
+            _record_history(out / "train_state", history)
     return history
+
+
+def _record_history(state_dir: Path, history: dict) -> None:
+    """Writes the settings history into a saved state whose weights did not change (no step was trained)."""
+    from ..utils.io import atomic_write_text
+    meta = read_json(state_dir / STATE_JSON)
+    meta["progress"]["settings"] = history
+    atomic_write_text(state_dir / STATE_JSON, json.dumps(meta, indent=1, sort_keys=True))
 
 
 def _local_steps(phase: Phase, n: int, cfg: LoopConfig) -> tuple[int, int, int]:

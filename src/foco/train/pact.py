@@ -45,7 +45,7 @@ from ..methods.composer import TextComposer, build_mapper
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
 from .edit_data import EditTable
 from .distributed import DistEnv, current, data_parallel, rank_chunk, rank_slice
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
+from .loop import RUN_ONLY, Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
 from .losses import compose_loss, info_nce
 from .pic2word import backbone_temperature, pic2word_loss
 
@@ -173,7 +173,8 @@ def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig
                       cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
                       plot_title="PACT training losses per step (identity warm-up, then joint)",
                       identity={"backbone": backbone.spec}, env=env, device=env.device,
-                      settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
+                      settings=settings_of(cfg, RUN_ONLY | {"model", "text"}),  # sized by build_composer
+                      allow_changed=frozenset(cfg.allow_changed))
     history = run(composer, phases, out, loop, rng, resume)
     if not env.is_main:
         return composer

@@ -40,7 +40,7 @@ from ..methods.composer import TextComposer
 from ..methods.pic2word import Pic2WordConfig
 from .edit_data import EditTable
 from .distributed import DistEnv, current, data_parallel, rank_slice
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
+from .loop import RUN_ONLY, Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
 from .losses import compose_loss
 from .pact import build_composer
 from .pic2word import backbone_temperature, pic2word_loss
@@ -180,7 +180,8 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
                       cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
                       plot_title="TSCIR training losses per step (mapping, then composing)",
                       identity={"backbone": backbone.spec}, env=env, device=env.device,
-                      settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
+                      settings=settings_of(cfg, RUN_ONLY | {"model", "text"}),  # sized by build_composer
+                      allow_changed=frozenset(cfg.allow_changed))
     history = run(composer, phases, out, loop, rng, resume)
     if not env.is_main:
         return composer, match

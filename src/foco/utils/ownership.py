@@ -33,18 +33,50 @@ def _read(folder: Path) -> dict:
 def owned(folder: str | Path, signature: Iterable[str] = ()) -> bool:
     """Whether a foco command claimed `folder` (its owner file names one), or an earlier foco wrote it (it holds
     one of the `signature` files). An owner file that only lists outputs written into a shared folder (submission
-    files beside results) claims nothing."""
+    files beside results, a folder entered with --force) claims nothing.
+
+    A signature is a name foco alone writes ("train_state"), a glob ("world_export.*.json"), or "FILE:KEY": a JSON
+    object FILE holding KEY ("config.json:weights_sha256" is a world backbone's config, not a Hugging Face one)."""
     folder = Path(folder)
-    return bool(_read(folder).get("command")) or any((folder / s).exists() for s in signature)
+    return bool(_read(folder).get("command")) or any(_matches(folder, s) for s in signature)
+
+
+def _matches(folder: Path, signature: str) -> bool:
+    name, _, key = signature.partition(":")
+    paths = list(folder.glob(name)) if any(c in name for c in "*?[") else [folder / name]
+    for path in paths:
+        if not path.exists():
+            continue
+        if not key:
+            return True
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError, UnicodeDecodeError):
+            continue
+        if isinstance(data, dict) and key in data:
+            return True
+    return False
 
 
 def claim_folder(folder: str | Path, command: str, signature: Iterable[str] = (), force: bool = False,
                  flag: str = "--out") -> Path:
     """Claims `folder` for `command` (creating it), or refuses a non-empty folder foco did not write (module
     docstring). Returns the folder."""
+    foreign = not is_empty_or_owned(folder, signature)
     folder = check_folder(folder, signature, force, flag)
-    mark_folder(folder, command)
+    if not foreign:  # a folder entered with --force stays the user's: the next command needs --force again
+        mark_folder(folder, command)
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
     return folder
+
+
+def is_empty_or_owned(folder: str | Path, signature: Iterable[str] = ()) -> bool:
+    """Whether `folder` is missing, empty (but for the owner file) or foco's (`owned`)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return True
+    return not [p for p in folder.iterdir() if p.name != MARKER] or owned(folder, signature)
 
 
 def mark_folder(folder: str | Path, command: str) -> None:
