@@ -351,18 +351,20 @@ class SearchEngine:
                 s = (vecs @ query[0].float()).numpy()
             order = np.argsort(-s, kind="stable")
             scores, ids = s[order], ids[order]
-        rows = self.store.rows_by_id(ids.tolist())  # one query; every id has a row (its slot was found)
         hits, stale = [], 0
-        for s, i in zip(scores.tolist(), ids.tolist()):
-            row = rows.get(int(i))
-            if row is None:
-                continue
-            if not self._current(row):
-                stale += 1
-                continue
-            hits.append(Hit(int(i), row.path, float(s)))
-            if len(hits) == k:
+        for start in range(0, len(ids), k):  # rows read k at a time: more only when a file went stale
+            rows = self.store.rows_by_id(ids[start:start + k].tolist())
+            for s, i in zip(scores[start:start + k].tolist(), ids[start:start + k].tolist()):
+                row = rows.get(int(i))
+                if row is None:
+                    continue
+                if not self._current(row):
+                    stale += 1
+                    continue
+                hits.append(Hit(int(i), row.path, float(s)))
+            if len(hits) >= k:
                 break
+        hits = hits[:k]
         if stale:
             log.warning("%d indexed files changed or were deleted since indexing and were left out of the results; "
                         "run `foco index update %s`", stale, self.folder)

@@ -6,7 +6,6 @@ import asyncio
 import concurrent.futures
 import io
 import os
-import re
 import secrets
 import threading
 import warnings
@@ -237,28 +236,3 @@ def parse_box(box) -> tuple[float, float, float, float] | None:
     if len(vals) != 4 or not all(np.isfinite(vals)):
         raise QueryError(f"box must be four finite numbers x0,y0,x1,y1, got {box!r}")
     return tuple(vals)  # type: ignore[return-value]
-
-
-def parse_int(value, name: str) -> int:
-    """An integer field: an int, an integral finite float (JSON's 40.0), or ASCII digits with an optional sign,
-    within int64. 2.7, "٣" (a non-ASCII digit), "1e3", true and 10^30 are refused, never rounded or widened."""
-    out = None
-    if isinstance(value, int) and not isinstance(value, bool):
-        out = value
-    elif isinstance(value, float) and np.isfinite(value) and value.is_integer():
-        out = int(value)
-    elif isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
-        out = int(value.strip())
-    if out is None or not -2 ** 63 <= out < 2 ** 63:
-        raise QueryError(f"{name} must be an integer (int64), got {value!r}")
-    return out
-
-
-def parse_float(value, name: str) -> float:
-    try:
-        v = float(value)
-    except (TypeError, ValueError):
-        raise QueryError(f"{name} must be a number, got {value!r}") from None
-    if not np.isfinite(v):
-        raise QueryError(f"{name} must be finite, got {value!r}")
-    return v
