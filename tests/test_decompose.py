@@ -213,7 +213,7 @@ def test_kill_and_restart_loses_and_duplicates_nothing(tmp_path):
     store = tmp_path / "s.sqlite"
     with FakeLLM(delay_s=0.02) as server:
         cmd = [sys.executable, "-m", "foco.cli", "decompose", "--in", str(inp), "--out", str(store),
-               "--decomposer", "llm", "--llm-url", server.url, "--min-pairs", "1", "--batch-size", "8",
+               "--decomposer", "llm", "--llm-url", server.url, "--min-pairs", "1", "--commit-every", "8",
                "--concurrency", "2"]
         proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 60

@@ -195,9 +195,18 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
     llm.add_argument("--timeout", type=positive_float, default=60.0, help="seconds per request")
     llm.add_argument("--retries", type=nonneg_int, default=3, help="retries per item before the rule fallback")
     llm.add_argument("--backoff", type=nonneg_float, default=1.0, help="first retry wait in seconds (doubles)")
-    llm.add_argument("--concurrency", type=positive_int, default=4, help="requests in flight")
+    llm.add_argument("--concurrency", type=positive_int, default=4,
+                     help="requests in flight, across store transactions (about the servers' batch size in all)")
     llm.add_argument("--max-tokens", type=positive_int, default=400, help="most tokens an LLM answer may use")
     llm.add_argument("--json-mode", action="store_true", help="request response_format json_object")
+
+
+def add_commit_args(p: argparse.ArgumentParser, unit: str) -> None:
+    """When a streaming LLM job stores what has completed: every N results or S seconds, one transaction each."""
+    p.add_argument("--commit-every", type=positive_int, default=256,
+                   help=f"llm: {unit} per store transaction (results are stored as they complete)")
+    p.add_argument("--commit-seconds", type=positive_float, default=5.0,
+                   help="llm: store what has completed at least this often (seconds)")
 
 
 def chat_config(a: argparse.Namespace):

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_llm_args, chat_config, input_record, positive_int
+from .common import add_commit_args, add_llm_args, chat_config, input_record, positive_int
 
 
 def _decompose(a: argparse.Namespace) -> int:
@@ -28,7 +28,8 @@ def _decompose(a: argparse.Namespace) -> int:
     try:
         stats = run_decompose([r.caption for r in records], decomposer, a.out, batch_size=a.batch_size,
                               retry_flagged=a.retry_flagged, shard=shard,
-                              source=input_record(a.inp, split=a.split, limit=a.limit))
+                              source=input_record(a.inp, split=a.split, limit=a.limit),
+                              commit_every=a.commit_every, commit_seconds=a.commit_seconds)
     finally:
         if hasattr(decomposer, "close"):
             decomposer.close()
@@ -63,7 +64,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--retry-flagged", action="store_true",
                     help="ask the decomposer again for the captions a fallback wrote (flagged in the store)")
     dc.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
-    dc.add_argument("--batch-size", type=positive_int, default=64, help="captions per store transaction")
+    dc.add_argument("--batch-size", type=positive_int, default=64,
+                    help="rule, oracle: captions per batch and store transaction (llm: see --commit-every)")
+    add_commit_args(dc, "captions")
     dc.add_argument("--min-pairs", type=positive_int, default=3, help="fewest pairs an LLM answer may give")
     dc.add_argument("--max-pairs", type=positive_int, default=5, help="most pairs (LLM answers; rule keeps the first)")
     add_llm_args(dc)

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_llm_args, add_owned_output, chat_config, input_record, nonneg_int, positive_int
+from .common import add_commit_args, add_llm_args, add_owned_output, chat_config, input_record, nonneg_int, positive_int
 
 
 def _sources(a: argparse.Namespace) -> list:
@@ -41,7 +41,7 @@ def _generate(a: argparse.Namespace) -> int:
     sources = _sources(a)
     writer = make_writer(a)
     cfg = GenerateConfig(per_caption=a.per_caption, seed=a.seed, min_shared_heads=a.min_shared_heads,
-                         batch_size=a.batch_size)
+                         batch_size=a.batch_size, commit_every=a.commit_every, commit_seconds=a.commit_seconds)
     try:
         stats = run_generate(sources, writer, a.out, cfg,
                              source={**input_record(a.inp, split=a.split),
@@ -89,7 +89,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--min-shared-heads", type=nonneg_int, default=2,
                    help="attribute words are of one kind when they modify this many common head nouns")
     g.add_argument("--limit", type=positive_int, default=None, help="only the first N captions")
-    g.add_argument("--batch-size", type=positive_int, default=256, help="source captions per store transaction")
+    g.add_argument("--batch-size", type=positive_int, default=256,
+                   help="rule writer: source captions per store transaction (llm: see --commit-every)")
+    add_commit_args(g, "source captions")
     g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
     g.set_defaults(func=_generate)
 

@@ -1,21 +1,24 @@
-"""A minimal client for the OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, Ollama, TGI, ...).
+"""A client for the OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, Ollama, TGI, ...).
 
-Standard library only. `ChatClient.complete` makes one request and classifies failures: a `RetryableError` for
-timeouts, connections reset mid-answer, HTTP 429 and 5xx; a `ConfigError` for a refused connection, a host that
-does not resolve, a URL that is not http(s), and the other 4xx answers (a wrong URL, model or key fails every
-request, so the job stops instead of falling back to the rule decomposer for every caption). `ask_until_valid` is the one
-retry loop of every LLM job (the decomposer, the edit writer): ask, parse strictly, back off, ask again.
+Standard library only. `ChatClient.complete` makes one request over a kept-alive HTTP/1.1 connection (a pool per
+server, at most `connections` open to each; `http.client`, whose per-request cost stays flat at hundreds of
+requests in flight, where httpx's pool was measured at 30x the CPU: docs/benchmarks.md) and classifies failures: a `RetryableError` for timeouts, connections reset
+mid-answer, HTTP 429 and 5xx; a `ConfigError` for a refused connection, a host that does not resolve, a URL that
+is not http(s), and the other 4xx answers (a wrong URL, model or key fails every request, so the job stops instead
+of falling back to the rule decomposer for every caption). `attempt` is one try of one request (ask, parse
+strictly); the retry, backoff and fallback rules around it live in `decompose.pipeline`, the one engine of every
+LLM job.
 """
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import random
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
@@ -73,7 +76,7 @@ class ChatClient:
 
     cooldown_s: float = 5.0
 
-    def __init__(self, cfg: ChatConfig):
+    def __init__(self, cfg: ChatConfig, connections: int = 4):
         self.cfg = cfg.resolved()
         urls = [u.strip().rstrip("/") for u in self.cfg.url.split(",") if u.strip()]
         for u in urls:
@@ -86,6 +89,17 @@ class ChatClient:
         self._down_until = [0.0] * len(self.endpoints)
         self._failures = [0] * len(self.endpoints)
         self.server_stats = {e: {"requests": 0, "failures": 0} for e in self.endpoints}
+        # One pool per server: up to `connections` kept-alive connections each (a job's requests in flight may all
+        # go to one server while the others rest).
+        self._pools = [ConnectionPool(e, connections, self.cfg.timeout_s) for e in self.endpoints]
+
+    def close(self) -> None:
+        for pool in self._pools:
+            pool.close()
+
+    @property
+    def connections_opened(self) -> int:
+        return sum(p.opened for p in self._pools)
 
     def _pick(self, exclude: set[int]) -> int:
         with self._lock:
@@ -116,7 +130,7 @@ class ChatClient:
         while True:
             i = self._pick(refused)
             try:
-                answer = self._complete_at(self.endpoints[i], messages, temperature)
+                answer = self._complete_at(i, messages, temperature)
             except Unreachable:
                 self._mark(i, False)
                 refused.add(i)
@@ -129,8 +143,8 @@ class ChatClient:
             self._mark(i, True)
             return answer
 
-    def _complete_at(self, endpoint: str, messages: list[dict[str, str]], temperature: float | None
-                     ) -> ChatAnswer:
+    def _complete_at(self, i: int, messages: list[dict[str, str]], temperature: float | None) -> ChatAnswer:
+        endpoint = self.endpoints[i]
         body: dict[str, Any] = {"model": self.cfg.model, "messages": messages, "max_tokens": self.cfg.max_tokens,
                                 "temperature": self.cfg.temperature if temperature is None else temperature}
         if self.cfg.json_mode:
@@ -138,26 +152,12 @@ class ChatClient:
         headers = {"Content-Type": "application/json"}
         if self.cfg.api_key:
             headers["Authorization"] = f"Bearer {self.cfg.api_key}"
-        req = urllib.request.Request(endpoint, data=json.dumps(body).encode(), headers=headers, method="POST")
-        try:
-            with urllib.request.urlopen(req, timeout=self.cfg.timeout_s) as resp:
-                raw = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read()[:200].decode("utf-8", "replace")
-            if exc.code == 429 or exc.code >= 500:
-                raise RetryableError(f"HTTP {exc.code}: {detail}") from exc
-            raise ConfigError(f"{endpoint} answered HTTP {exc.code}: {detail}") from exc
-        except (socket.timeout, TimeoutError) as exc:
-            raise RetryableError(f"timeout after {self.cfg.timeout_s:g}s") from exc
-        except urllib.error.URLError as exc:
-            if isinstance(exc.reason, (socket.timeout, TimeoutError)):
-                raise RetryableError(f"timeout after {self.cfg.timeout_s:g}s") from exc
-            if isinstance(exc.reason, (ConnectionRefusedError, socket.gaierror, str)):
-                raise Unreachable(f"cannot reach the LLM server at {endpoint} ({exc.reason}): is it running? "
-                                  "check --llm-url") from exc
-            raise RetryableError(f"cannot reach {endpoint}: {exc.reason}") from exc
-        except (ConnectionError, OSError) as exc:  # reset or closed mid-answer
-            raise RetryableError(f"connection failed: {exc}") from exc
+        status, raw = self._pools[i].post(json.dumps(body).encode(), headers)
+        if status != 200:
+            detail = raw[:200].decode("utf-8", "replace")
+            if status == 429 or status >= 500:
+                raise RetryableError(f"HTTP {status}: {detail}")
+            raise ConfigError(f"{endpoint} answered HTTP {status}: {detail}")
         try:
             data = json.loads(raw)
             choice = data["choices"][0]
@@ -168,6 +168,76 @@ class ChatClient:
         return ChatAnswer(text, str(choice.get("finish_reason") or ""), int(usage.get("completion_tokens") or 0))
 
 
+class ConnectionPool:
+    """Kept-alive HTTP/1.1 connections to one endpoint, at most `limit` open, shared by the job's threads.
+
+    A connection goes back to the pool after a complete answer the server did not mark `Connection: close`, and is
+    closed after any failure. A request that fails on a reused connection before any answer came (the server closed
+    it while idle) is sent once more on a new connection; the chat-completion POST is safe to repeat."""
+
+    def __init__(self, endpoint: str, limit: int, timeout_s: float):
+        parts = urllib.parse.urlsplit(endpoint)
+        self.endpoint, self.timeout_s = endpoint, timeout_s
+        self.host, self.port = parts.hostname or "", parts.port
+        self.https = parts.scheme == "https"
+        self.path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._slots = threading.BoundedSemaphore(limit)
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+        self.opened = 0
+
+    def _new(self) -> http.client.HTTPConnection:
+        with self._lock:
+            self.opened += 1
+        cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
+        return cls(self.host, self.port, timeout=self.timeout_s)
+
+    def post(self, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """(status, body) of one POST; raises `Unreachable` or `RetryableError`."""
+        if not self._slots.acquire(timeout=self.timeout_s):
+            raise RetryableError(f"timeout after {self.timeout_s:g}s waiting for a connection to {self.endpoint}")
+        try:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            reused = conn is not None
+            while True:
+                conn = conn or self._new()
+                try:
+                    conn.request("POST", self.path, body=body, headers=headers)
+                    resp = conn.getresponse()
+                    raw = resp.read()
+                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
+                    conn.close()
+                    if reused:  # the server closed an idle connection: once more on a new one
+                        conn, reused = None, False
+                        continue
+                    raise RetryableError(f"connection failed: {exc!r}") from exc
+                except (socket.timeout, TimeoutError) as exc:
+                    conn.close()
+                    raise RetryableError(f"timeout after {self.timeout_s:g}s") from exc
+                except (ConnectionRefusedError, socket.gaierror) as exc:
+                    conn.close()
+                    raise Unreachable(f"cannot reach the LLM server at {self.endpoint} ({exc}): is it running? "
+                                      "check --llm-url") from exc
+                except (http.client.HTTPException, OSError) as exc:  # reset or closed mid-answer, a bad status line
+                    conn.close()
+                    raise RetryableError(f"connection failed: {exc!r}") from exc
+                if resp.will_close:
+                    conn.close()
+                else:
+                    with self._lock:
+                        self._idle.append(conn)
+                return resp.status, raw
+        finally:
+            self._slots.release()
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
 @dataclass
 class RetryPolicy:
     max_retries: int = 3
@@ -176,28 +246,26 @@ class RetryPolicy:
     retry_temperature: float = 0.7  # retries of an invalid answer sample, so that they can differ
 
 
-def ask_until_valid(client: "ChatClient", messages: list[dict[str, str]], parse: Callable[[str], T],
-                    policy: RetryPolicy, count: Callable[..., None], classify: Callable[[str, bool], str]
-                    ) -> tuple[T | None, str]:
-    """Asks, parses strictly, and asks again on a timeout, a 5xx/429 or an invalid answer, with backoff:
-    (parsed, "") or, after the last retry, (None, the last failure's category). `count(key, n=1)` keeps the
-    statistics; `classify(message, invalid)` names a failure. A `ConfigError` (wrong URL, model or key) propagates."""
-    reason = ""
-    for attempt in range(policy.max_retries + 1):
-        if attempt:
-            count("retries")
-            time.sleep(min(policy.backoff_max_s, policy.backoff_s * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0))
-        count("requests")
-        answer = None
-        try:
-            answer = client.complete(messages, None if attempt == 0 else policy.retry_temperature)
-            count("completion_tokens", answer.completion_tokens)
-            return parse(answer.text), ""
-        except RetryableError as exc:
-            reason = classify(str(exc), False)
-        except InvalidAnswer as exc:
-            reason = "truncated" if answer is not None and answer.finish_reason == "length" else \
-                classify(str(exc), True)
-        count(f"error:{reason}")
-    count("fallback")
+    def wait_s(self, retry: int) -> float:
+        """The wait before retry number `retry` (1, 2, ...): doubling from backoff_s, capped, with jitter."""
+        return min(self.backoff_max_s, self.backoff_s * 2 ** (retry - 1)) * random.uniform(0.5, 1.0)
+
+
+def attempt(client: "ChatClient", messages: list[dict[str, str]], parse: Callable[[str], T],
+            temperature: float | None, count: Callable[..., None], classify: Callable[[str, bool], str]
+            ) -> tuple[T | None, str]:
+    """One try: ask, parse strictly. (parsed, "") or (None, the failure's category) after a timeout, a 5xx/429 or
+    an invalid answer. `count(key, n=1)` keeps the statistics; `classify(message, invalid)` names a failure. A
+    `ConfigError` (wrong URL, model or key) propagates."""
+    count("requests")
+    answer = None
+    try:
+        answer = client.complete(messages, temperature)
+        count("completion_tokens", answer.completion_tokens)
+        return parse(answer.text), ""
+    except RetryableError as exc:
+        reason = classify(str(exc), False)
+    except InvalidAnswer as exc:
+        reason = "truncated" if answer is not None and answer.finish_reason == "length" else classify(str(exc), True)
+    count(f"error:{reason}")
     return None, reason

@@ -3,17 +3,19 @@
 For each caption: ask (temperature 0), parse strictly (prompt.parse_answer). On a timeout, a 5xx/429 answer or an
 invalid answer, wait (exponential backoff) and ask again, up to `max_retries` more times; retries of an invalid
 answer sample at `retry_temperature` so that they can differ. After the last retry the caption is decomposed by
-`rule` and flagged with the reason: a caption is never dropped. Requests run `concurrency` at a time.
+`rule` and flagged with the reason: a caption is never dropped. `concurrency` requests stay in flight across the
+store's transactions (`decompose.pipeline`, the engine of every LLM job).
 """
 from __future__ import annotations
 
+import math
 import threading
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Iterable
 
-from .client import ChatClient, ChatConfig, RetryPolicy, ask_until_valid
+from .client import ChatClient, ChatConfig, RetryPolicy
+from .pipeline import Ask, PipelineConfig, run_pipeline
 from .prompt import PROMPT_VERSION, build_messages, parse_answer
 from .schema import Decomposer, DecomposerOptions, Decomposition
 
@@ -43,7 +45,7 @@ class LLMDecomposer:
 
     def __init__(self, cfg: LLMConfig, fallback: Decomposer | None = None):
         self.cfg = cfg
-        self.client = ChatClient(cfg.chat)
+        self.client = ChatClient(cfg.chat, connections=cfg.concurrency)
         if fallback is None:
             from .rule import RuleDecomposer
             fallback = RuleDecomposer(max_pairs=cfg.max_pairs)
@@ -54,41 +56,54 @@ class LLMDecomposer:
             "json_mode": self.client.cfg.json_mode}
         self._lock = threading.Lock()
         self.stats: Counter = Counter()
-        self._last_error: dict[str, str] = {}
-        self._pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="foco-llm")
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
-
-    def decompose_batch(self, captions: list[str]) -> list[Decomposition]:
-        results: list[Decomposition | None] = list(self._pool.map(self._ask, captions))
-        failed = [i for i, r in enumerate(results) if r is None]
-        if failed:
-            backup = self.fallback.decompose_batch([captions[i] for i in failed])
-            for i, d in zip(failed, backup):
-                reason = self._last_error.get(captions[i], "unknown")
-                results[i] = Decomposition(captions[i], d.pairs, dict(self.settings),
-                                           flag=f"llm failed after {self.cfg.max_retries + 1} tries "
-                                                f"({reason}); {d.decomposer.get('name', 'fallback')} used")
-        return results  # type: ignore[return-value]
+        self.client.close()
 
     def _count(self, key: str, n: int = 1) -> None:
         with self._lock:
             self.stats[key] += n
 
-    def _ask(self, caption: str) -> Decomposition | None:
-        messages = build_messages(caption, self.cfg.min_pairs, self.cfg.max_pairs)
-        policy = RetryPolicy(self.cfg.max_retries, self.cfg.backoff_s, self.cfg.backoff_max_s,
-                             self.cfg.retry_temperature)
-        pairs, reason = ask_until_valid(
-            self.client, messages, lambda text: parse_answer(text, caption, self.cfg.min_pairs, self.cfg.max_pairs),
-            policy, self._count, _reason)
-        if pairs is None:
-            with self._lock:
-                self._last_error[caption] = reason
-            return None
-        self._count("ok")
-        return Decomposition(caption, pairs, dict(self.settings))
+    def pipeline_config(self, commit_every: int = 256, commit_seconds: float = 5.0) -> PipelineConfig:
+        return PipelineConfig(self.cfg.concurrency, commit_every, commit_seconds,
+                              RetryPolicy(self.cfg.max_retries, self.cfg.backoff_s, self.cfg.backoff_max_s,
+                                          self.cfg.retry_temperature))
+
+    def decompose_stream(self, captions: Iterable[str], commit: Callable[[list[Decomposition]], None],
+                         commit_every: int = 256, commit_seconds: float = 5.0) -> None:
+        """Decomposes every caption, `concurrency` requests in flight, and hands the results to `commit` in
+        groups (completion order) of `commit_every`, or at least every `commit_seconds`."""
+        cfg = self.cfg
+
+        def asks(caption: str) -> list[Ask]:
+            return [Ask(build_messages(caption, cfg.min_pairs, cfg.max_pairs),
+                        lambda text: parse_answer(text, caption, cfg.min_pairs, cfg.max_pairs))]
+
+        def finish(group: list[tuple[str, list[tuple[Any, str]]]]) -> None:
+            out, failed = [], []
+            for caption, [(pairs, reason)] in group:
+                if pairs is None:
+                    failed.append((caption, reason))
+                else:
+                    self._count("ok")
+                    out.append(Decomposition(caption, pairs, dict(self.settings)))
+            if failed:
+                backup = self.fallback.decompose_batch([c for c, _ in failed])
+                for (caption, reason), d in zip(failed, backup):
+                    out.append(Decomposition(caption, d.pairs, dict(self.settings),
+                                             flag=f"llm failed after {cfg.max_retries + 1} tries "
+                                                  f"({reason}); {d.decomposer.get('name', 'fallback')} used"))
+            commit(out)
+
+        run_pipeline(captions, asks, self.client, self.pipeline_config(commit_every, commit_seconds), finish,
+                     self._count, _reason)
+
+    def decompose_batch(self, captions: list[str]) -> list[Decomposition]:
+        """The results of `decompose_stream`, in the order of `captions`."""
+        got: dict[str, Decomposition] = {}
+        self.decompose_stream(list(dict.fromkeys(captions)), lambda rs: got.update((d.caption, d) for d in rs),
+                              commit_every=max(1, len(captions)), commit_seconds=math.inf)
+        return [got[c] for c in captions]
 
 
 def _reason(message: str, invalid: bool = False) -> str:

@@ -1,4 +1,8 @@
-"""The decomposition job: every distinct caption once, in batches, into the store; resumable at any point."""
+"""The decomposition job: every distinct caption once into the store; resumable at any point.
+
+A decomposer that computes (rule, oracle) is handed `batch_size` captions at a time, one store transaction each. A
+decomposer with a `decompose_stream` (llm) keeps its requests in flight across transactions: results are stored
+as they complete, every `commit_every` results or `commit_seconds` seconds."""
 from __future__ import annotations
 
 import time
@@ -59,7 +63,8 @@ def parse_shard(value: str) -> tuple[int, int]:
 
 def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str | Path, batch_size: int = 64,
                   show_progress: bool = True, retry_flagged: bool = False,
-                  shard: tuple[int, int] | None = None, source: dict | None = None) -> DecomposeStats:
+                  shard: tuple[int, int] | None = None, source: dict | None = None, commit_every: int = 256,
+                  commit_seconds: float = 5.0) -> DecomposeStats:
     """Decomposes every distinct caption (only those of `shard` = (i, n), when given) into the store, and records
     the run (`source`: what the captions were read from) in the store's provenance."""
     distinct = list(dict.fromkeys(captions))
@@ -79,13 +84,20 @@ def run_decompose(captions: list[str], decomposer: Decomposer, store_path: str |
         t0 = time.perf_counter()
         with Bar(len(distinct), f"decompose ({decomposer.settings.get('name')})", initial=stats.already_done) \
                 if show_progress else NoBar() as bar:
-            for batch in iter_batches(todo, batch_size):
-                results: list[Decomposition] = decomposer.decompose_batch(batch)
-                if [d.caption for d in results] != batch:
-                    raise RuntimeError("decomposer returned results out of order")
+            def commit(results: list[Decomposition]) -> None:
                 stats.done_now += store.put_many(sid, results, replace_flagged=retry_flagged)
                 stats.flagged += sum(1 for d in results if d.flag)
-                bar.update(len(batch))
+                bar.update(len(results))
+
+            stream = getattr(decomposer, "decompose_stream", None)
+            if stream is not None:
+                stream(todo, commit, commit_every, commit_seconds)
+            else:
+                for batch in iter_batches(todo, batch_size):
+                    results: list[Decomposition] = decomposer.decompose_batch(batch)
+                    if [d.caption for d in results] != batch:
+                        raise RuntimeError("decomposer returned results out of order")
+                    commit(results)
         stats.seconds = time.perf_counter() - t0
         stats.flagged_in_store = store.flagged(sid)
     stats.extra = dict(getattr(decomposer, "stats", {}) or {})

@@ -1,4 +1,8 @@
-"""`foco edits generate`: ITT triplets for every source caption, in batches, into the store; resumable."""
+"""`foco edits generate`: ITT triplets for every source caption into the store; resumable.
+
+The rule writer is handed `batch_size` sources at a time, one store transaction each. A writer with a
+`write_stream` (llm) keeps its requests in flight across transactions, and each source's triplets are stored as
+its last edit is written, every `commit_every` sources or `commit_seconds` seconds."""
 from __future__ import annotations
 
 import time
@@ -18,7 +22,9 @@ class GenerateConfig:
     per_caption: int = 1  # edits per source caption (distinct targets)
     seed: int = 0
     min_shared_heads: int = 2  # attribute words are of one kind when they modify at least this many common heads
-    batch_size: int = 256  # sources per store transaction
+    batch_size: int = 256  # sources per store transaction (a writer that computes: rule)
+    commit_every: int = 256  # sources per store transaction (a writer that streams: llm)
+    commit_seconds: float = 5.0  # ... or at least this often
 
 
 @dataclass
@@ -60,27 +66,48 @@ def run_generate(sources: list[tuple[str, Decomposition]], writer, store_path: s
         stats.already_done = len(sources) - len(todo)
         t0 = time.perf_counter()
         with Bar(len(sources), f"edits ({writer.settings['name']})", initial=stats.already_done) as bar:
-            for batch in iter_batches(todo, cfg.batch_size):
-                written = _triplets(batch, pool, writer, cfg)
+            def commit(written: list[tuple[str, list[ITTRecord]]]) -> None:
                 stats.done_now += store.put_many(sid, written)
                 stats.triplets_now += sum(len(r) for _, r in written)
                 stats.flagged += sum(1 for _, rs in written for r in rs if r.flag)
-                bar.update(len(batch))
+                bar.update(len(written))
+
+            stream = getattr(writer, "write_stream", None)
+            if stream is not None:
+                in_flight: dict[str, tuple[Decomposition, list]] = {}  # the sources sent and not yet stored
+
+                def jobs():
+                    for source_id, dec, edits, rng in _derived(todo, pool, cfg):
+                        in_flight[source_id] = (dec, edits)
+                        yield source_id, dec.caption, edits, rng
+
+                stream(jobs(), lambda rows: commit([(i, _records(i, *in_flight.pop(i), w)) for i, w in rows]),
+                       cfg.commit_every, cfg.commit_seconds)
+            else:
+                for batch in iter_batches(todo, cfg.batch_size):
+                    commit(_triplets(batch, pool, writer, cfg))
         stats.seconds = time.perf_counter() - t0
         stats.kinds = store.kinds(sid)
     return stats
 
 
+def _derived(batch, pool: PhrasePool, cfg: GenerateConfig):
+    """(source id, decomposition, its edits, its generator) of each source: derived with its own generator, which
+    the writer goes on drawing from."""
+    for source_id, dec in batch:
+        rng = caption_rng(cfg.seed, source_id)
+        yield source_id, dec, derive_edits(dec, pool, rng, cfg.per_caption), rng
+
+
+def _records(source_id: str, dec: Decomposition, edits, written) -> list[ITTRecord]:
+    return [ITTRecord(source_id, dec.caption, e.kind, instruction, target, list(e.negatives),
+                      {**e.provenance, "phrase": e.phrase, "new": e.new, "old": e.old}, flag)
+            for e, (instruction, target, flag) in zip(edits, written)]
+
+
 def _triplets(batch: list[tuple[str, Decomposition]], pool: PhrasePool, writer, cfg: GenerateConfig
               ) -> list[tuple[str, list[ITTRecord]]]:
     """Each source's edits (derived with its own generator), written by the writer in one batch."""
-    items = []
-    for source_id, dec in batch:
-        rng = caption_rng(cfg.seed, source_id)
-        items.append((dec.caption, derive_edits(dec, pool, rng, cfg.per_caption), rng))
-    out = []
-    for (source_id, dec), (_, edits, _), written in zip(batch, items, writer.write_batch(items)):
-        out.append((source_id, [ITTRecord(source_id, dec.caption, e.kind, instruction, target, list(e.negatives),
-                                          {**e.provenance, "phrase": e.phrase, "new": e.new, "old": e.old}, flag)
-                                for e, (instruction, target, flag) in zip(edits, written)]))
-    return out
+    items = list(_derived(batch, pool, cfg))
+    written = writer.write_batch([(dec.caption, edits, rng) for _, dec, edits, rng in items])
+    return [(source_id, _records(source_id, dec, edits, w)) for (source_id, dec, edits, _), w in zip(items, written)]
