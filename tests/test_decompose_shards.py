@@ -62,3 +62,76 @@ def test_a_conflict_is_refused_and_flags_are_kept(captions, tmp_path):
     assert m.flagged == 1
     with pytest.raises(StoreError, match="conflicts with .* on caption"):
         merge_stores([tmp_path / "a.sqlite"], tmp_path / "m.sqlite")
+
+
+def _merge_in_memory(inputs, out):
+    """The slow, obvious twin (the merge before issue 25): every row of the input and of the output in Python."""
+    import json
+
+    from foco.decompose.store import DecompositionStore, MergeStats, read_settings
+    added = identical = 0
+    with DecompositionStore(out) as dst:
+        for path in inputs:
+            with DecompositionStore(path) as src:
+                settings = read_settings(src.db)
+                rows = src.db.execute("SELECT caption_hash, settings_id, caption, record, flag FROM decompositions"
+                                      ).fetchall()
+            have = {(h, s): (r, f) for h, s, r, f in dst.db.execute(
+                "SELECT caption_hash, settings_id, record, flag FROM decompositions")}
+            new = []
+            for h, s, caption, record, flag in rows:
+                old = have.get((h, s))
+                if old is None:
+                    new.append((h, s, caption, record, flag))
+                elif old != (record, flag):
+                    raise StoreError(f"conflict on {caption!r}")
+                else:
+                    identical += 1
+            with dst.db:
+                for sid, js in settings.items():
+                    dst.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
+                                   (sid, str(js.get("name", "?")), json.dumps(js, sort_keys=True)))
+                dst.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?)", new)
+            added += len(new)
+        flagged = dst.db.execute("SELECT COUNT(*) FROM decompositions WHERE flag != ''").fetchone()[0]
+        return MergeStats(len(inputs), len(read_settings(dst.db)), added, identical, flagged)
+
+
+def _synthetic_store(path, rows, settings=("s1", "s2")):
+    import json
+
+    from foco.decompose.store import DecompositionStore, register_settings
+    with DecompositionStore(path) as st:
+        sids = [register_settings(st.db, {"name": n}) for n in settings]
+        with st.db:
+            st.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?)",
+                              [(f"h{i:06d}", sids[i % len(sids)], f"caption {i}",
+                                json.dumps({"caption": f"caption {i}", "pairs": []}), flag) for i, flag in rows])
+
+
+def test_the_streaming_merge_equals_the_in_memory_merge(tmp_path):
+    """Overlapping shards (identical rows in two inputs), flags, two settings, a rerun, and a conflicting input:
+    the streaming merge gives the same stores and counts as the in-memory twin, and refuses the same input."""
+    _synthetic_store(tmp_path / "a.sqlite", [(i, "") for i in range(0, 300)])
+    _synthetic_store(tmp_path / "b.sqlite", [(i, "llm failed" if i % 7 == 0 else "") for i in range(250, 600)])
+    _synthetic_store(tmp_path / "c.sqlite", [(i, "llm failed" if i % 7 == 0 and i < 600 else "")
+                                             for i in range(590, 700)], settings=("s1", "s2", "s3"))
+    with sqlite3.connect(tmp_path / "a.sqlite") as db:  # b flags some rows a holds unflagged: make those agree
+        db.execute("UPDATE decompositions SET flag = 'llm failed' WHERE CAST(substr(caption_hash, 2) AS INT) % 7 = 0 "
+                   "AND CAST(substr(caption_hash, 2) AS INT) >= 250")
+    inputs = [tmp_path / n for n in ("a.sqlite", "b.sqlite", "c.sqlite")]
+    for run in range(2):  # the second run changes nothing
+        fast = merge_stores(inputs, tmp_path / "fast.sqlite")
+        slow = _merge_in_memory(inputs, tmp_path / "slow.sqlite")
+        assert fast == slow, (run, fast, slow)
+        assert _rows(tmp_path / "fast.sqlite") == _rows(tmp_path / "slow.sqlite")
+    assert (fast.added, fast.identical) == (0, 300 + 350 + 110)
+    _synthetic_store(tmp_path / "bad.sqlite", [(i, "") for i in range(690, 720)], settings=("s1", "s2", "s3"))
+    with sqlite3.connect(tmp_path / "bad.sqlite") as db:
+        db.execute("UPDATE decompositions SET record = '{}' WHERE caption_hash = 'h000695'")
+    before = _rows(tmp_path / "fast.sqlite")
+    with pytest.raises(StoreError, match="caption 695"):
+        merge_stores([tmp_path / "bad.sqlite"], tmp_path / "fast.sqlite")
+    with pytest.raises(StoreError, match="caption 695"):
+        _merge_in_memory([tmp_path / "bad.sqlite"], tmp_path / "slow.sqlite")
+    assert _rows(tmp_path / "fast.sqlite") == before == _rows(tmp_path / "slow.sqlite")  # nothing of it merged

@@ -233,41 +233,48 @@ def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
     transaction per input. Settings are copied by id (an id is the hash of its settings, so the same id is the
     same settings). A caption stored under the same settings with another decomposition or another flag in two
     inputs is a conflict: nothing of that input is merged and the error names the caption. Rows already in `out`
-    unchanged are left as they are, so merging twice changes nothing."""
+    unchanged are left as they are, so merging twice changes nothing.
+
+    Streaming: each input is attached to the output's connection and merged by SQL (a join on the primary key for
+    the conflicts, `INSERT ... WHERE NOT EXISTS` for the new rows), so SQLite walks both tables page by page and
+    Python holds no row; the memory stays SQLite's page cache whatever the stores' sizes."""
     out = Path(out)
     added = identical = 0
     with DecompositionStore(out) as dst:
+        db = dst.db
         for path in inputs:
             path = Path(path)
             if path.resolve() == out.resolve():
                 raise ValueError(f"{path} is the output store; give the inputs and the --out separately")
             if not path.is_file():
                 raise FileNotFoundError(f"no store at {path}")
-            with DecompositionStore(path) as src:
-                settings = read_settings(src.db)
-                rows = src.db.execute("SELECT caption_hash, settings_id, caption, record, flag FROM decompositions"
-                                      ).fetchall()
-            have = {(h, s): (r, f) for h, s, r, f in dst.db.execute(
-                "SELECT caption_hash, settings_id, record, flag FROM decompositions")}
-            new = []
-            for h, s, caption, record, flag in rows:
-                old = have.get((h, s))
-                if old is None:
-                    new.append((h, s, caption, record, flag))
-                elif old != (record, flag):
-                    raise StoreError(f"{path} conflicts with {out} on caption {caption!r} (settings {s}): another "
-                                     "decomposition or flag; merge stores of one run, or retry the flagged rows first "
-                                     "(foco decompose --retry-flagged)")
-                else:
-                    identical += 1
-            with writing(dst.db, out):
-                for sid, js in settings.items():
-                    dst.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
-                                   (sid, str(js.get("name", "?")), json.dumps(js, sort_keys=True)))
-                dst.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?)", new)
-            added += len(new)
-        n_settings = len(read_settings(dst.db))
-        flagged = dst.db.execute("SELECT COUNT(*) FROM decompositions WHERE flag != ''").fetchone()[0]
+            DecompositionStore(path).close()  # refuses a file that is not a decomposition store
+            db.execute("ATTACH DATABASE ? AS src", (str(path),))
+            try:
+                with writing(db, out):
+                    db.execute("BEGIN IMMEDIATE")  # the check and the copy see one state of the output
+                    clash = db.execute(
+                        "SELECT s.caption, s.settings_id FROM src.decompositions AS s JOIN main.decompositions AS d "
+                        "ON d.caption_hash = s.caption_hash AND d.settings_id = s.settings_id "
+                        "WHERE d.record != s.record OR d.flag != s.flag LIMIT 1").fetchone()
+                    if clash is not None:
+                        raise StoreError(f"{path} conflicts with {out} on caption {clash[0]!r} (settings {clash[1]}): "
+                                         "another decomposition or flag; merge stores of one run, or retry the "
+                                         "flagged rows first (foco decompose --retry-flagged)")
+                    identical += db.execute(
+                        "SELECT COUNT(*) FROM src.decompositions AS s JOIN main.decompositions AS d "
+                        "ON d.caption_hash = s.caption_hash AND d.settings_id = s.settings_id").fetchone()[0]
+                    db.execute("INSERT OR IGNORE INTO main.settings SELECT settings_id, name, json FROM src.settings")
+                    before = db.total_changes
+                    db.execute("INSERT INTO main.decompositions SELECT s.caption_hash, s.settings_id, s.caption, "
+                               "s.record, s.flag FROM src.decompositions AS s WHERE NOT EXISTS (SELECT 1 FROM "
+                               "main.decompositions AS d WHERE d.caption_hash = s.caption_hash "
+                               "AND d.settings_id = s.settings_id)")
+                    added += db.total_changes - before
+            finally:
+                db.execute("DETACH DATABASE src")
+        n_settings = len(read_settings(db))
+        flagged = db.execute("SELECT COUNT(*) FROM decompositions WHERE flag != ''").fetchone()[0]
     return MergeStats(len(inputs), n_settings, added, identical, flagged)
 
 
