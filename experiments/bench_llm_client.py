@@ -76,6 +76,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=8, help="captions per level = rounds x concurrency")
     p.add_argument("--port", type=int, default=8831)
     p.add_argument("--faults-n", type=int, default=2000)
+    p.add_argument("--trees", default="before,now", help="which code: before (--old), now, or both")
+    p.add_argument("--no-faults", action="store_true", help="skip the faults-under-load run")
     p.add_argument("--out", default="runs/bench-llm-client.json")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-llm-"))
@@ -84,14 +86,14 @@ def main() -> None:
                    capture_output=True)
     atexit.register(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
                     check=False, capture_output=True)
-    trees = {"before": old / "src", "now": ROOT / "src"}
+    trees = {k: v for k, v in {"before": old / "src", "now": ROOT / "src"}.items() if k in a.trees.split(",")}
     results: dict = {"machine": _machine(), "delay_s": a.delay, "old": a.old, "levels": {}}
     stub = _stub(a.port, "--delay", str(a.delay))
     try:
         base = {}
-        for name, src in trees.items():  # start-up CPU: a one-caption job
-            base[name] = run_job(src, _captions(tmp / f"one-{name}.jsonl", 1, "b"), tmp / f"one-{name}.sqlite",
-                                 a.port, 1)["cpu_s"]
+        for name, src in trees.items():  # start-up CPU: a one-caption job, the least of 3 (the first compiles)
+            base[name] = min(run_job(src, _captions(tmp / f"one-{name}-{k}.jsonl", 1, f"b{k}"),
+                                     tmp / f"one-{name}-{k}.sqlite", a.port, 1)["cpu_s"] for k in range(3))
         results["startup_cpu_s"] = base
         for level in [int(x) for x in a.levels.split(",")]:
             n = a.rounds * level
@@ -113,13 +115,17 @@ def main() -> None:
             results["levels"][level] = row
     finally:
         stub.terminate()
+    if a.no_faults:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(results, indent=2))
+        return
     # Faults under load: today's code, 10 % HTTP 500, 5 % invalid answers.
     stub = _stub(a.port, "--delay", "0.05", "--fail-500", "0.10", "--invalid", "0.05", "--seed", "0")
     try:
         inp = _captions(tmp / "faults.jsonl", a.faults_n, "f")
         store = tmp / "faults.sqlite"
         _stats(a.port, reset=True)
-        r = run_job(trees["now"], inp, store, a.port, 256, "--backoff", "0.05", "--retries", "2")
+        r = run_job(ROOT / "src", inp, store, a.port, 256, "--backoff", "0.05", "--retries", "2")
         st = _stats(a.port)
     finally:
         stub.terminate()
