@@ -50,16 +50,16 @@ def _query(folder):
 
 
 def test_every_variant_trains_two_steps_and_changes_the_output(tiny_world, tiny_features, tmp_path, capsys):
-    from foco.ablation.variants import ABLATIONS
+    from foco.ablation.variants import ABLATIONS, paper_variants
     out = tmp_path / "abl"
     assert main(_args(tiny_world, tiny_features, out, "--variants", "all")) == 0
     printed = capsys.readouterr().out
     tables = json.loads((out / "ablations.json").read_text())
     rows = tables["paper"]["val"]["rows"]
-    assert [r["variant"] for r in rows] == ABLATIONS.names()
+    assert [r["variant"] for r in rows] == paper_variants()
     assert "| no-background | 5b |" in printed and (out / "ablations.md").is_file()
     full = _query(out / "paper" / "full" / "seed0")
-    for name in ABLATIONS.names():
+    for name in paper_variants():
         folder = out / "paper" / name / "seed0"
         steps = [json.loads(line) for line in (folder / "train_steps.jsonl").read_text().splitlines()]
         assert [s["stage"] for s in steps] == [1, 1, 2, 2], name  # 2 steps per stage
@@ -119,3 +119,24 @@ def test_sign_statistics():
     assert sign_verdict([1.0, 2.0, 4.0], -1)["agrees"] is False
     assert sign_verdict([-3.0, -3.1], -1)["counts"] is False  # 2 seeds never count
     assert sign_verdict([-0.5], -1) == {"agrees": True, "counts": False, "t": None, "needed": None}
+
+
+def test_background_readings_are_variants_outside_the_papers_table():
+    from foco.ablation.run import markdown
+    from foco.ablation.variants import ABLATIONS, paper_variants, variants
+    from foco.train.foco import FoCoTrainConfig
+    chosen = variants("backgrounds")
+    assert [v.name for v in chosen] == ["full", "background-reciprocal", "background-negated-softmax",
+                                        "background-below-uniform"]
+    assert not set(v.name for v in chosen[1:]) & set(paper_variants())
+    for v in chosen[1:]:
+        assert v.apply(FoCoTrainConfig()).model.background == v.model["background"] and not v.in_paper
+    row = {"variant": "background-reciprocal", "paper_id": "v̄", "in_paper": False,
+           **{m: {"mean": 1.0, "sd": 0.0} for m in ("R@1", "Rs@1", "mAP@10")},
+           "delta_R@1": {"mean": 0.5, "sd": 0.1}, "paper_delta_R@1": None,
+           "sign": {"agrees": True, "counts": False, "t": 1.0}}
+    full = {"variant": "full", "paper_id": "full", **{m: {"mean": 1.0, "sd": 0.0} for m in ("R@1", "Rs@1", "mAP@10")}}
+    text = markdown({"recipe": "paper", "split": "val", "seeds": [0], "rows": [full, row],
+                     "signs": {"agree": 0, "ablations": 0, "beyond_noise": 0, "min_seeds": 3}})
+    assert "| background-reciprocal | v̄ |" in text and "not in the paper" in text and "above full: no" in text
+    assert ABLATIONS.get("background-reciprocal").paper_delta is None

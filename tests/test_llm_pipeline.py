@@ -172,7 +172,8 @@ def test_retries_wait_without_holding_a_slot_and_a_config_error_stores_what_comp
     run_pipeline(["bad", "a", "b"], lambda c: [Ask([{"role": "user", "content": c}], str)], Flaky(),
                  PipelineConfig(1, 10, 60.0, RetryPolicy(max_retries=3, backoff_s=0.2, backoff_max_s=0.2)),
                  got.extend, count, lambda m, i: "http_500")
-    assert [x for x, _ in got] == ["a", "b", "bad"]  # with one slot, a and b went while bad waited to retry
+    order = [x for x, _ in got]  # with one slot, a and b went while bad waited to retry (a and b may finish
+    assert sorted(order[:2]) == ["a", "b"] and order[2] == "bad"  # in one wait, in either order)
     assert tries["bad"] == 3 and counts["retries"] == 2 and counts["error:http_500"] == 2
 
     class Refusing:

@@ -154,3 +154,59 @@ def test_unknown_ablation_values_are_refused():
         ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, aggr_attention="dot"))
     with pytest.raises(ValueError, match="attention"):
         ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, comp_layers="none"))
+
+
+@pytest.mark.parametrize("attention", ["cross-attention", "dot-product"])
+@pytest.mark.parametrize("background", ["complement", "reciprocal", "negated-softmax", "below-uniform"])
+def test_background_readings_match_per_pair_reference(background, attention):
+    """Each reading of the background (model.aggr) against its per-pair twin (naive.aggr_one): the background
+    itself, and the composed query and the losses that read it."""
+    model = _moved(FoCoConfig(dim=16, heads=2, background=background, aggr_attention=attention))
+    b = random_batch(B=4, P=6)
+    ref = ImageFeatures(b.image_global, b.patches)
+    mod = TextFeatures(b.local[:, 0], b.ctx_tokens[:, 0], b.ctx_mask[:, 0])
+    _, bg, alpha = model.aggr(mod.global_[:, None], ref.global_, ref.patches)
+    out = model.encode(ref, mod)
+    for i in range(4):
+        v, bg_i, alpha_i = naive_aggr(model.aggr, mod.global_[i], ref.global_[i], ref.patches[i])
+        assert torch.allclose(bg[i, 0], bg_i, atol=1e-10), (background, i)
+        assert torch.allclose(alpha[i, 0], alpha_i, atol=1e-10)
+        assert torch.allclose(out.query[i], naive_comp(model.comp, v, bg_i, mod.tokens[i], mod.mask[i]), atol=1e-10)
+    plan = plan_negatives(b.local_mask, None, torch.Generator().manual_seed(2))
+    fast, slow = foco_losses(model, b, plan, True), slow_losses(model, b, plan, True)
+    assert torch.allclose(fast["comp"], slow["comp"], atol=1e-5, rtol=1e-5)
+
+
+def test_background_weights_by_hand():
+    from foco.model.aggr import RECIPROCAL_FLOOR, background_weights
+    alpha = torch.tensor([[0.7, 0.2, 0.1, 0.0]], dtype=torch.float64)  # (1, P = 4)
+    logits = torch.tensor([[[2.0, 1.0, 0.0, -1.0], [0.0, 0.0, 0.0, 0.0]]], dtype=torch.float64)  # (1, h = 2, P)
+    got = {r: background_weights(r, alpha, logits)[0] for r in ("complement", "reciprocal", "negated-softmax",
+                                                                   "below-uniform")}
+    assert torch.allclose(got["complement"], torch.tensor([0.3, 0.8, 0.9, 1.0], dtype=torch.float64) / 3.0)
+    recip = torch.tensor([1 / 0.7, 1 / 0.2, 1 / 0.1, 1 / (RECIPROCAL_FLOOR / 4)], dtype=torch.float64)
+    assert torch.allclose(got["reciprocal"], recip / recip.sum())
+    e = torch.exp(torch.tensor([-2.0, -1.0, 0.0, 1.0], dtype=torch.float64))
+    assert torch.allclose(got["negated-softmax"], (e / e.sum() + 0.25) / 2)
+    assert torch.allclose(got["below-uniform"], torch.tensor([0, 0.05, 0.15, 0.25], dtype=torch.float64) / 0.45)
+    uniform = torch.full((1, 4), 0.25, dtype=torch.float64)  # no patch below a uniform map: the plain mean
+    assert torch.allclose(background_weights("below-uniform", uniform, logits)[0], uniform[0])
+    with pytest.raises(ValueError, match="background 'inverse'"):
+        background_weights("inverse", alpha, logits)
+
+
+def test_the_complement_background_is_nearly_the_patch_mean():
+    """Issue 26's finding, as arithmetic: with weights 1 - α, v̄ - mean(V) = (mean(V) - Σ α_p V_p) / (P - 1); the
+    other readings move with the attention."""
+    from foco.model.aggr import background_weights
+    g = torch.Generator().manual_seed(0)
+    P, D = 256, 64
+    V = torch.randn(P, D, generator=g, dtype=torch.float64) + 1.0
+    logits = 3 * torch.randn(1, 8, P, generator=g, dtype=torch.float64)
+    alpha = logits.softmax(-1).mean(-2)  # (1, P)
+    mean, attended = V.mean(0), alpha[0] @ V
+    bg = background_weights("complement", alpha, logits)[0] @ V
+    assert torch.allclose(bg - mean, (mean - attended) / (P - 1), atol=1e-12)
+    shift = {r: ((background_weights(r, alpha, logits)[0] @ V - mean).norm() / mean.norm()).item()
+             for r in ("complement", "reciprocal", "negated-softmax", "below-uniform")}
+    assert shift["complement"] < 0.01 and all(shift[r] > 3 * shift["complement"] for r in shift if r != "complement")

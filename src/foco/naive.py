@@ -10,7 +10,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .model.aggr import FAggr
+from .model.aggr import RECIPROCAL_FLOOR, FAggr
 from .model.comp import FComp
 from .model.encoder import ComposedQueryEncoder
 from .train.data import TrainBatch
@@ -27,7 +27,8 @@ def aggr_one(aggr: FAggr, c: torch.Tensor, vg: torch.Tensor, patches: torch.Tens
         query = aggr.query_mlp(c if aggr.query == "text" else c * vg)
     x = aggr.norm_kv(patches)
     if aggr.dot:  # one head, no projections: softmax(LN(q) . LN(p) / sqrt(D)) over the raw patches
-        att = torch.softmax(x @ aggr.norm_q(query) / math.sqrt(D), dim=0)[:, None]  # (P, 1)
+        logit = (x @ aggr.norm_q(query) / math.sqrt(D))[:, None]  # (P, 1)
+        att = torch.softmax(logit, dim=0)  # (P, 1)
         xq = query + att[:, 0] @ patches
     else:
         h = aggr.heads
@@ -35,12 +36,24 @@ def aggr_one(aggr: FAggr, c: torch.Tensor, vg: torch.Tensor, patches: torch.Tens
         q = aggr.q_proj(aggr.norm_q(query)).view(h, dh)
         k = aggr.k_proj(x).view(-1, h, dh)
         v = aggr.v_proj(x).view(-1, h, dh)
-        att = torch.softmax((k * q).sum(-1) / math.sqrt(dh), dim=0)  # (P, h)
+        logit = (k * q).sum(-1) / math.sqrt(dh)  # (P, h)
+        att = torch.softmax(logit, dim=0)  # (P, h)
         out = (att[..., None] * v).sum(0).reshape(D)
         xq = query + aggr.o_proj(out)
     v_loc = xq + aggr.ffn(xq)
-    alpha = att.mean(1)
-    w = (1 - alpha) / (1 - alpha).sum()
+    alpha = att.mean(1)  # (P,)
+    P = alpha.shape[0]
+    if aggr.background == "complement":
+        w = (1 - alpha) / (1 - alpha).sum()
+    elif aggr.background == "reciprocal":
+        w = torch.stack([1 / torch.maximum(a, a.new_tensor(RECIPROCAL_FLOOR / P)) for a in alpha])
+        w = w / w.sum()
+    elif aggr.background == "negated-softmax":  # each head's softmax of -logits, then the mean over heads
+        w = torch.stack([torch.exp(-logit[:, j]) / torch.exp(-logit[:, j]).sum()
+                         for j in range(logit.shape[1])], 1).mean(1)
+    else:  # below-uniform
+        w = torch.stack([torch.maximum(1 / P - a, torch.zeros_like(a)) for a in alpha])
+        w = w / w.sum() if w.sum() > 0 else torch.full_like(alpha, 1 / P)
     return v_loc, w @ patches, alpha
 
 

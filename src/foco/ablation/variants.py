@@ -24,6 +24,7 @@ class Variant:
     model: dict = field(default_factory=dict)  # FoCoConfig fields
     decomposer: str = "oracle"  # the training decompositions ("rule": 3a)
     paper_r1: float | None = None  # CIRR R@1 in the seed; None: the seed gives the sign only
+    in_paper: bool = True  # False: a reading of the paper's words, not a row of its table (no sign to agree with)
 
     @property
     def paper_delta(self) -> float | None:
@@ -52,6 +53,13 @@ for _v in (
             "feed-forward, no stacking)", model={"comp_layers": "attention"}),
     Variant("no-background", "5b", "the background feature left out of F_Comp's sequence S",
             model={"use_background": False}, paper_r1=33.1),
+    Variant("background-reciprocal", "v̄", "the background weighs each patch by 1 / max(ᾱ_p, 0.01 / P) instead of "
+            "1 - ᾱ_p (model.aggr)", model={"background": "reciprocal"}, in_paper=False),
+    Variant("background-negated-softmax", "v̄", "the background weighs the patches by each head's softmax of the "
+            "negated attention logits, averaged over heads (model.aggr)", model={"background": "negated-softmax"},
+            in_paper=False),
+    Variant("background-below-uniform", "v̄", "the background weighs each patch by max(0, 1/P - ᾱ_p), the patches "
+            "attended below a uniform map (model.aggr)", model={"background": "below-uniform"}, in_paper=False),
     Variant("learned-comp-query", "5c", "F_Comp's query starts from a learned token instead of v_loc",
             model={"anchor_init": False}, paper_r1=32.9),
     Variant("one-pair-per-image", "3b", "K = 1: each image's first decomposition pair only",
@@ -62,11 +70,23 @@ for _v in (
     ABLATIONS.register(_v.name, _v)
 
 
+def paper_variants() -> list[str]:
+    """The rows of the paper's ablation table ("all")."""
+    return [n for n in ABLATIONS.names() if ABLATIONS.get(n).in_paper]
+
+
+def background_variants() -> list[str]:
+    """The readings of the background feature ("backgrounds"), with "full" (today's complement reading)."""
+    return ["full"] + [n for n in ABLATIONS.names() if n.startswith("background-")]
+
+
 def variants(spec: str) -> list[Variant]:
-    """"all" or comma-separated names -> the variants, "full" first (every delta is against it)."""
-    names = ABLATIONS.names() if spec.strip() == "all" else [n.strip() for n in spec.split(",") if n.strip()]
+    """"all" (the paper's table), "backgrounds" (the background readings) or comma-separated names -> the
+    variants, "full" first (every delta is against it)."""
+    named = {"all": paper_variants, "backgrounds": background_variants}
+    names = named[spec.strip()]() if spec.strip() in named else [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
-        raise ValueError("--variants is empty: give 'all' or names such as no-background,infonce-loss")
+        raise ValueError("--variants is empty: give 'all', 'backgrounds' or names such as no-background,infonce-loss")
     try:
         chosen = [ABLATIONS.get(n) for n in dict.fromkeys(names)]
     except ValueError as exc:

@@ -86,7 +86,8 @@ def _train(a: argparse.Namespace) -> int:
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco train
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
-                          max_negatives=a.max_negatives, seed=a.seed, model=FoCoConfig(learn_bias=a.learn_bias),
+                          max_negatives=a.max_negatives, seed=a.seed,
+                          model=FoCoConfig(learn_bias=a.learn_bias, background=a.background),
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
@@ -185,6 +186,10 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--lr-comp", type=positive_float, default=3e-5, help="F_Comp's learning rate in stage 2")
     tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
+    from ..model.aggr import AGGR_BACKGROUNDS
+    tr.add_argument("--background", default="complement", choices=AGGR_BACKGROUNDS,
+                    help="how F_Aggr's inverse attention weighs the patches for the background feature "
+                         "(src/foco/model/aggr.py gives each reading's formula)")
     tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     tr.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                     help="torch.compile the training step (default backend inductor; for GPUs: compiling takes a "

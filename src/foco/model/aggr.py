@@ -8,6 +8,17 @@ with the *inverse* of the attention map: with α_p the head-averaged attention o
 
 i.e. the normalised complement of the attention, so that unattended patches carry the background.
 
+The paper's words ("aggregating visual patch features weighted by the inverse of the attention map") allow several
+readings; `background` chooses one (ᾱ_p the head-averaged attention, P patches, each w normalised to sum to 1):
+* "complement" (the default): w_p ∝ 1 - ᾱ_p. With Σ ᾱ = 1 this is v̄ = (P mean(V) - Σ ᾱ_p V_p) / (P - 1): the
+  plain patch mean up to a 1/(P - 1) share of the attended difference, so v̄ hardly depends on where F_Aggr looked.
+* "reciprocal": w_p ∝ 1 / max(ᾱ_p, RECIPROCAL_FLOOR / P). The floor (1 % of the uniform weight) bounds the
+  weight of a patch the attention ignores at 100x a uniformly attended one.
+* "negated-softmax": per head, the softmax of the negated attention logits, averaged over heads, w = mean_h
+  softmax(-l_h): the attention of the opposite query.
+* "below-uniform": w_p ∝ max(0, 1/P - ᾱ_p), the patches the attention weighs below a uniform map (the complement
+  measured against the uniform level instead of 1); a uniform map (no patch below it) gives the plain mean.
+
 Ablation switches (paper Table 4, each named after what it does; the defaults are the paper's):
 * `query`: "text-image" (q = MLP(c ⊙ v_g)); "learned" (4a: a learned query token, the same for every text and
   image: plain cross-attention); "text" (q = MLP(c), without the global image's context: the paper's stated
@@ -28,6 +39,27 @@ import torch.nn as nn
 
 AGGR_QUERIES = ("text-image", "learned", "text")
 AGGR_ATTENTIONS = ("cross-attention", "dot-product")
+AGGR_BACKGROUNDS = ("complement", "reciprocal", "negated-softmax", "below-uniform")
+RECIPROCAL_FLOOR = 0.01  # "reciprocal": ᾱ_p is floored at 1 % of the uniform weight 1/P
+
+
+def background_weights(reading: str, alpha: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """The background's weights (..., P), summing to 1, from the head-averaged attention alpha (..., P) and the
+    attention logits (..., h, P) (module docstring)."""
+    P = alpha.shape[-1]
+    if reading == "complement":
+        w = 1.0 - alpha
+        return w / w.sum(-1, keepdim=True).clamp_min(1e-6)
+    if reading == "reciprocal":
+        w = 1.0 / alpha.clamp_min(RECIPROCAL_FLOOR / P)
+        return w / w.sum(-1, keepdim=True)
+    if reading == "negated-softmax":
+        return (-logits).softmax(-1).mean(-2)
+    if reading == "below-uniform":
+        w = (1.0 / P - alpha).clamp_min(0.0)
+        total = w.sum(-1, keepdim=True)
+        return torch.where(total > 0, w / total.clamp_min(1e-12), torch.full_like(w, 1.0 / P))
+    raise ValueError(f"F_Aggr background {reading!r}: choose one of {', '.join(AGGR_BACKGROUNDS)}")
 
 
 class FAggr(nn.Module):
@@ -37,11 +69,15 @@ class FAggr(nn.Module):
         mlp_ratio: hidden width of the query MLP and the feed-forward projection, as a multiple of D.
         query: how the query is formed (module docstring; "text-image" is the paper's).
         attention: "cross-attention" (the paper's) or "dot-product" (ablation 4b).
+        background: how the inverse attention weighs the patches (module docstring; "complement" is today's).
     """
 
     def __init__(self, dim: int, heads: int = 8, mlp_ratio: float = 2.0, query: str = "text-image",
-                 attention: str = "cross-attention"):
+                 attention: str = "cross-attention", background: str = "complement"):
         super().__init__()
+        if background not in AGGR_BACKGROUNDS:
+            raise ValueError(f"F_Aggr background {background!r}: choose one of {', '.join(AGGR_BACKGROUNDS)}")
+        self.background = background
         if query not in AGGR_QUERIES:
             raise ValueError(f"F_Aggr query {query!r}: choose one of {', '.join(AGGR_QUERIES)}")
         if attention not in AGGR_ATTENTIONS:
@@ -110,7 +146,6 @@ class FAggr(nn.Module):
         x = query + (out if self.dot else self.o_proj(out))  # (B, T, D)
         v_loc = x + self.ffn(x)  # (B, T, D)
         alpha = attn.mean(1)  # (B, T, P), sums to 1 over P
-        inv = 1.0 - alpha
-        inv = inv / inv.sum(-1, keepdim=True).clamp_min(1e-6)  # (B, T, P)
+        inv = background_weights(self.background, alpha, logits.transpose(1, 2))  # (B, T, P)
         background = inv @ patches  # (B, T, D)
         return v_loc, background, alpha

@@ -28,6 +28,7 @@ class FoCoConfig:
     anchor_init: bool = True  # F_Comp's query starts from v_loc (False: a learned token, 5c)
     aggr_query: str = "text-image"  # F_Aggr's query MLP(c ⊙ v_g); "learned" (4a), "text" (MLP(c)): model.aggr
     aggr_attention: str = "cross-attention"  # F_Aggr's multi-head layer; "dot-product" (4b)
+    background: str = "complement"  # how F_Aggr's inverse attention weighs the patches for v̄: model.aggr
     comp_layers: str = "transformer"  # F_Comp's comp_depth blocks; "attention" (5a: one attention layer)
     init_temperature: float = 0.1  # tau at the start; learnable
     learn_bias: bool = False  # a learnable logit bias in the sigmoid loss (off = paper-exact)
@@ -47,7 +48,8 @@ class ComposedQueryEncoder(nn.Module):
     def __init__(self, cfg: FoCoConfig):
         super().__init__()
         self.cfg = cfg
-        self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio, cfg.aggr_query, cfg.aggr_attention)
+        self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio, cfg.aggr_query, cfg.aggr_attention,
+                          cfg.background)
         self.comp = FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background,
                           cfg.anchor_init, cfg.comp_layers)
         t0 = torch.tensor(1.0 / cfg.init_temperature).log()
