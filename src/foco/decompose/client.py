@@ -1,13 +1,13 @@
 """A client for the OpenAI-compatible chat-completions API (vLLM, llama.cpp's server, Ollama, TGI, ...).
 
-Standard library only. `ChatClient.complete` makes one request over a kept-alive HTTP/1.1 connection (a pool per
-server, at most `connections` open to each; `http.client`, whose per-request cost stays flat at hundreds of
-requests in flight, where httpx's pool was measured at 30x the CPU: docs/benchmarks.md) and classifies failures: a `RetryableError` for timeouts, connections reset
-mid-answer, HTTP 429 and 5xx; a `ConfigError` for a refused connection, a host that does not resolve, a URL that
-is not http(s), and the other 4xx answers (a wrong URL, model or key fails every request, so the job stops instead
-of falling back to the rule decomposer for every caption). `attempt` is one try of one request (ask, parse
-strictly); the retry, backoff and fallback rules around it live in `decompose.pipeline`, the one engine of every
-LLM job.
+Standard library only. `ChatClient.complete` makes one request over a kept-alive HTTP/1.1 connection: a pool per
+server, at most `connections` open to each, on `http.client`, whose cost per request stays flat at hundreds of
+requests in flight (httpx's pool was measured at about 40x the CPU: docs/benchmarks.md). It classifies failures:
+a `RetryableError` for timeouts, connections reset mid-answer, HTTP 429 and 5xx; a `ConfigError` for a refused
+connection, a host that does not resolve, a URL that is not http(s), and the other 4xx answers (a wrong URL, model
+or key fails every request, so the job stops instead of falling back to the rule decomposer for every caption).
+`attempt` is one try of one request (ask, parse strictly); the retry, backoff and fallback rules around it live in
+`decompose.pipeline`, the one engine of every LLM job.
 """
 from __future__ import annotations
 
