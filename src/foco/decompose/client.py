@@ -172,8 +172,9 @@ class ConnectionPool:
     """Kept-alive HTTP/1.1 connections to one endpoint, at most `limit` open, shared by the job's threads.
 
     A connection goes back to the pool after a complete answer the server did not mark `Connection: close`, and is
-    closed after any failure. A request that fails on a reused connection before any answer came (the server closed
-    it while idle) is sent once more on a new connection; the chat-completion POST is safe to repeat."""
+    closed after any failure. A request that fails on a reused connection before its status line came (the server
+    closed it while idle, over TLS too) is sent once more on a new connection; a failure while the answer arrives
+    is a retryable failure like any other. Proxies (HTTP(S)_PROXY) are not used: give the server's own URL."""
 
     def __init__(self, endpoint: str, limit: int, timeout_s: float):
         parts = urllib.parse.urlsplit(endpoint)
@@ -205,13 +206,6 @@ class ConnectionPool:
                 try:
                     conn.request("POST", self.path, body=body, headers=headers)
                     resp = conn.getresponse()
-                    raw = resp.read()
-                except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError) as exc:
-                    conn.close()
-                    if reused:  # the server closed an idle connection: once more on a new one
-                        conn, reused = None, False
-                        continue
-                    raise RetryableError(f"connection failed: {exc!r}") from exc
                 except (socket.timeout, TimeoutError) as exc:
                     conn.close()
                     raise RetryableError(f"timeout after {self.timeout_s:g}s") from exc
@@ -219,7 +213,18 @@ class ConnectionPool:
                     conn.close()
                     raise Unreachable(f"cannot reach the LLM server at {self.endpoint} ({exc}): is it running? "
                                       "check --llm-url") from exc
-                except (http.client.HTTPException, OSError) as exc:  # reset or closed mid-answer, a bad status line
+                except (http.client.HTTPException, OSError) as exc:  # ssl.SSLError included
+                    conn.close()
+                    if reused:  # no answer came on a kept-alive connection the server closed: once more, anew
+                        conn, reused = None, False
+                        continue
+                    raise RetryableError(f"connection failed: {exc!r}") from exc
+                try:
+                    raw = resp.read()
+                except (socket.timeout, TimeoutError) as exc:
+                    conn.close()
+                    raise RetryableError(f"timeout after {self.timeout_s:g}s") from exc
+                except (http.client.HTTPException, OSError) as exc:  # reset mid-answer: the server worked on it
                     conn.close()
                     raise RetryableError(f"connection failed: {exc!r}") from exc
                 if resp.will_close:

@@ -6,9 +6,10 @@ on in groups.
   caption with its edits) is opened as soon as a request slot frees, and a slow or retried request delays only its
   own item.
 - A request that times out, gets a 5xx/429 or an invalid answer is asked again after a backoff (`RetryPolicy`);
-  while it waits it holds no slot. After the last retry its answer is `(None, reason)` and the job's `finish`
+  while it waits it holds no slot, but it counts against the window (twice `concurrency`) that new items open in,
+  so an outage or a rate limit slows the job instead of spending every item's tries. After the last retry its answer is `(None, reason)` and the job's `finish`
   writes the fallback.
-- Completed items reach `finish` in completion order, in groups of `commit_every` or at least every
+- Completed items reach `finish` as they complete, in groups of `commit_every` or at least every
   `commit_seconds` (one store transaction each). The stores key rows by content (caption hash and settings), so
   the order of the transactions does not matter and a killed job, rerun, stores every item exactly once.
 - A `ConfigError` (a wrong URL, model or key fails every request) stops the job: the items already completed are
@@ -20,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+import threading
 import time
 from collections import deque
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
@@ -67,7 +69,8 @@ def run_pipeline(items: Iterable[T], asks_of: Callable[[T], list[Ask]], client: 
                  finish: Callable[[list[tuple[T, list[Answer]]]], None], count: Callable[..., None],
                  classify: Callable[[str, bool], str]) -> None:
     """Asks every item's requests (`asks_of(item)`; an item with none completes at once) and hands each completed
-    item with its answers, in the order of its requests, to `finish`. `count(key, n=1)` keeps the statistics
+    item with its answers, in the order of its requests, to `finish` (items as they complete; several completing
+    together come in any order). `count(key, n=1)` keeps the statistics
     (requests, retries, completion_tokens, error:<category>, fallback); `classify(message, invalid)` names a
     failure."""
     policy = cfg.policy
@@ -84,6 +87,7 @@ def run_pipeline(items: Iterable[T], asks_of: Callable[[T], list[Ask]], client: 
     # inside `finish`: the executor's `concurrency` threads cap what is on the wire.
     depth = 2 * cfg.concurrency
     pool = ThreadPoolExecutor(cfg.concurrency, thread_name_prefix="foco-llm")
+    stop = threading.Event()
     try:
         while True:
             now = time.monotonic()
@@ -92,7 +96,10 @@ def run_pipeline(items: Iterable[T], asks_of: Callable[[T], list[Ask]], client: 
                 ready.append((o, k, n))
             while error is None and len(running) < depth:
                 if not ready:
-                    if exhausted:
+                    # A new item opens only while the requests sent and the retries waiting fit the window: a
+                    # server that fails fast (an outage, a rate limit) slows the job down instead of using up
+                    # every item's tries.
+                    if exhausted or len(running) + len(waiting) >= depth:
                         break
                     try:
                         item = next(pending)
@@ -102,14 +109,16 @@ def run_pipeline(items: Iterable[T], asks_of: Callable[[T], list[Ask]], client: 
                     asks = asks_of(item)
                     if not asks:
                         done.append((item, []))
+                        if len(done) >= cfg.commit_every:
+                            break  # a run of items without requests is stored in groups too
                         continue
                     o = _Open(item, asks)
                     ready.extend((o, k, 0) for k in range(len(asks)))
                     continue
                 o, k, n = ready.popleft()
                 temperature = None if n == 0 else policy.retry_temperature
-                fut = pool.submit(attempt, client, o.asks[k].messages, o.asks[k].parse, temperature, count,
-                                  classify)
+                fut = pool.submit(_attempt, stop, client, o.asks[k].messages, o.asks[k].parse, temperature,
+                                  count, classify)
                 running[fut] = (o, k, n)
             over = not running and (error is not None or (exhausted and not ready and not waiting))
             if done and (over or len(done) >= cfg.commit_every
@@ -131,11 +140,20 @@ def run_pipeline(items: Iterable[T], asks_of: Callable[[T], list[Ask]], client: 
             finished, _ = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
             for fut in finished:
                 o, k, n = running.pop(fut)
-                try:
-                    parsed, reason = fut.result()
-                except BaseException as exc:  # a ConfigError, or a bug in a parser: stop the job
-                    error = error or exc
+                if fut.cancelled():
                     continue
+                try:
+                    got = fut.result()
+                except BaseException as exc:  # a ConfigError, or a bug in a parser: stop the job
+                    if error is None:
+                        error = exc
+                        stop.set()  # nothing more is sent: queued requests are cancelled or skipped
+                        for queued in running:
+                            queued.cancel()
+                    continue
+                if got is _SKIPPED:
+                    continue
+                parsed, reason = got
                 if parsed is None and n < policy.max_retries:
                     count("retries")
                     heapq.heappush(waiting, (time.monotonic() + policy.wait_s(n + 1), next(tie), o, k, n + 1))
@@ -150,3 +168,11 @@ def run_pipeline(items: Iterable[T], asks_of: Callable[[T], list[Ask]], client: 
         pool.shutdown(wait=error is None, cancel_futures=True)
     if error is not None:
         raise error
+
+
+_SKIPPED = object()
+
+
+def _attempt(stop: threading.Event, *args):
+    """`client.attempt`, unless the job has stopped since the request was queued."""
+    return _SKIPPED if stop.is_set() else attempt(*args)

@@ -252,7 +252,10 @@ def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
             db.execute("ATTACH DATABASE ? AS src", (str(path),))
             try:
                 with writing(db, out):
-                    db.execute("BEGIN IMMEDIATE")  # the check and the copy see one state of the output
+                    # A plain BEGIN, whose first statement writes to the output: the output is locked before the
+                    # check, and the input is only read (a shard still being written is not blocked).
+                    db.execute("BEGIN")
+                    db.execute("INSERT OR IGNORE INTO main.settings SELECT settings_id, name, json FROM src.settings")
                     clash = db.execute(
                         "SELECT s.caption, s.settings_id FROM src.decompositions AS s JOIN main.decompositions AS d "
                         "ON d.caption_hash = s.caption_hash AND d.settings_id = s.settings_id "
@@ -264,7 +267,6 @@ def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
                     identical += db.execute(
                         "SELECT COUNT(*) FROM src.decompositions AS s JOIN main.decompositions AS d "
                         "ON d.caption_hash = s.caption_hash AND d.settings_id = s.settings_id").fetchone()[0]
-                    db.execute("INSERT OR IGNORE INTO main.settings SELECT settings_id, name, json FROM src.settings")
                     before = db.total_changes
                     db.execute("INSERT INTO main.decompositions SELECT s.caption_hash, s.settings_id, s.caption, "
                                "s.record, s.flag FROM src.decompositions AS s WHERE NOT EXISTS (SELECT 1 FROM "
