@@ -5,8 +5,9 @@
 with v and t the L2-normalised reference-image and modification-text globals: alpha = 0 is the image, alpha = 1
 the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark by a grid (`foco.eval.select.choose_alpha`).
 
-This is the training-free part of SlerpTAT only: the paper also tunes the text encoder with LoRA (text-anchored
-tuning); that tuning is not done here, so these numbers are a lower bound of SlerpTAT with the same backbone.
+This is the training-free part of SlerpTAT only: the paper also tunes the image encoder with LoRA, against the
+frozen text encoder (text-anchored tuning); that tuning is not done here, so these numbers are a lower bound of
+SlerpTAT with the same backbone.
 """
 from __future__ import annotations
 
