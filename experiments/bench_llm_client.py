@@ -16,7 +16,6 @@ the counts add up.
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import re
@@ -29,6 +28,10 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+from old_tree import check_out  # noqa: E402
+
+from foco.utils.provenance import provenance  # noqa: E402
 
 
 def _stub(port: int, *args: str) -> subprocess.Popen:
@@ -81,13 +84,9 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench-llm-client.json")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-llm-"))
-    old = tmp / "old"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.old], check=True,
-                   capture_output=True)
-    atexit.register(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
-                    check=False, capture_output=True)
-    trees = {k: v for k, v in {"before": old / "src", "now": ROOT / "src"}.items() if k in a.trees.split(",")}
-    results: dict = {"machine": _machine(), "delay_s": a.delay, "old": a.old, "levels": {}}
+    old_src = check_out(a.old)
+    trees = {k: v for k, v in {"before": old_src, "now": ROOT / "src"}.items() if k in a.trees.split(",")}
+    results: dict = {"machine": provenance()["machine"], "delay_s": a.delay, "old": a.old, "levels": {}}
     stub = _stub(a.port, "--delay", str(a.delay))
     try:
         base = {}
@@ -151,11 +150,6 @@ def main() -> None:
     Path(a.out).parent.mkdir(parents=True, exist_ok=True)
     Path(a.out).write_text(json.dumps(results, indent=2))
     print(f"wrote {a.out}")
-
-
-def _machine() -> str:
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?")
-    return f"{os.cpu_count()} cores, {cpu}"
 
 
 if __name__ == "__main__":

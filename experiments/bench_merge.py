@@ -7,7 +7,6 @@ in one run. Reports peak RSS (ru_maxrss), wall time, and that both outputs hold 
 from __future__ import annotations
 
 import argparse
-import atexit
 import json
 import os
 import sqlite3
@@ -18,6 +17,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "experiments"))
+from old_tree import check_out  # noqa: E402
 sys.path.insert(0, str(ROOT / "src"))
 
 
@@ -63,18 +64,14 @@ def main() -> None:
     p.add_argument("--out", default="runs/bench-merge.json")
     a = p.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-merge-"))
-    old = tmp / "old"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(old), a.old], check=True,
-                   capture_output=True)
-    atexit.register(subprocess.run, ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)],
-                    check=False, capture_output=True)
+    old_src = check_out(a.old)
     t0 = time.perf_counter()
     build(tmp / "a.sqlite", 0, a.rows)
     build(tmp / "b.sqlite", int(a.rows * (1 - a.overlap)), a.rows)
     print(f"built two stores of {a.rows:,} rows in {time.perf_counter() - t0:.0f}s "
           f"({(tmp / 'a.sqlite').stat().st_size / 1e6:.0f} MB each)", flush=True)
     res = {}
-    for name, src in (("before", old / "src"), ("now", ROOT / "src")):
+    for name, src in (("before", old_src), ("now", ROOT / "src")):
         res[name] = merge(src, [tmp / "a.sqlite", tmp / "b.sqlite"], tmp / f"out-{name}.sqlite")
         print(f"{name:6s}: peak RSS {res[name]['peak_rss_mb']:,.0f} MB, {res[name]['wall_s']:.1f}s, "
               f"{res[name]['added']:,} added, {res[name]['identical']:,} identical", flush=True)

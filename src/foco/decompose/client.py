@@ -97,10 +97,6 @@ class ChatClient:
         for pool in self._pools:
             pool.close()
 
-    @property
-    def connections_opened(self) -> int:
-        return sum(p.opened for p in self._pools)
-
     def _pick(self, exclude: set[int]) -> int:
         with self._lock:
             now = time.monotonic()
@@ -185,11 +181,8 @@ class ConnectionPool:
         self._slots = threading.BoundedSemaphore(limit)
         self._idle: list[http.client.HTTPConnection] = []
         self._lock = threading.Lock()
-        self.opened = 0
 
     def _new(self) -> http.client.HTTPConnection:
-        with self._lock:
-            self.opened += 1
         cls = http.client.HTTPSConnection if self.https else http.client.HTTPConnection
         return cls(self.host, self.port, timeout=self.timeout_s)
 
