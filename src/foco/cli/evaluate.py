@@ -32,6 +32,21 @@ def _reader_options(a: argparse.Namespace, name: str) -> dict:
     return options
 
 
+def _method_options(a: argparse.Namespace, methods: tuple[str, ...]) -> dict:
+    """The evaluated methods' own options (`MethodOption`); a value for a method not evaluated is an error."""
+    from ..methods import METHODS
+    declared = {}
+    for name in METHODS.names():
+        for opt in METHODS.get(name).options:
+            value = getattr(a, _dest(opt.flag))
+            if name in methods:
+                if value is not None:
+                    declared[opt.name] = opt.parse(value)
+            elif value != opt.default:
+                raise ValueError(f"{opt.flag} is an option of method {name}, which --methods does not name")
+    return declared
+
+
 def _dest(flag: str) -> str:
     return flag.lstrip("-").replace("-", "_")
 
@@ -83,6 +98,7 @@ def _eval(a: argparse.Namespace) -> int:
     _check_results_file(a.out, a.force)
     options = _reader_options(a, name)
     methods = tuple(a.methods.split(","))
+    declared = _method_options(a, methods)
     spec = a.backbone or checkpoint_backbone(a.checkpoint)
     if a.features and not a.backbone:  # the features say what they were made with; a checkpoint is checked
         from ..eval.evaluate import world_features_backbone
@@ -100,7 +116,8 @@ def _eval(a: argparse.Namespace) -> int:
                                            foco_edits=Path(a.foco_edits) if a.foco_edits else None,
                                            pic2word=Path(a.pic2word) if a.pic2word else None,
                                            pact=Path(a.pact) if a.pact else None,
-                                           tscir=Path(a.tscir) if a.tscir else None, backbone=backbone),
+                                           tscir=Path(a.tscir) if a.tscir else None, backbone=backbone,
+                                           declared=declared),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
     results = evaluate(parts, features, cfg, backbone_spec=a.backbone if a.features else spec)
@@ -157,6 +174,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     for name in BENCHMARKS.names():
         for opt in BENCHMARKS.get(name).options:
             ev.add_argument(opt.flag, default=opt.default, choices=opt.choices, help=f"{name}: {opt.help}")
+    for name in METHODS.names():
+        for opt in METHODS.get(name).options:
+            ev.add_argument(opt.flag, default=opt.default, help=f"method {name}: {opt.help}")
     ev.add_argument("--submission-dir", default=None,
                     help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
                          "runs/submissions)")

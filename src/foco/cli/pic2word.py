@@ -19,7 +19,7 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
-                              allow_changed=tuple(a.allow_changed))
+                              optimizer=a.optimizer, allow_changed=tuple(a.allow_changed))
     train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
                    meta={"provenance": features_provenance(a.features)})
     shutdown(env)
@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     pt.add_argument("--lr", type=positive_float, default=5e-4,
                     help="peak learning rate (linear warm-up, then cosine decay)")
+    pt.add_argument("--optimizer", default="reference", choices=["reference", "adamw"],
+                    help="reference: Pic2Word's trainer (AdamW, betas 0.9/0.98, eps 1e-6, no decay on biases and "
+                         "norms; default); adamw: torch's AdamW defaults with decay on every parameter (foco before)")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     add_device_arg(pt)
     add_allow_changed(pt)

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..registry import Registry
-from .base import MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
 
 METHODS = Registry("method")
 METHODS.register("foco", "foco.methods.foco:FoCoMethod")
@@ -45,5 +45,10 @@ def needs_text_tower(names) -> bool:
     return any(METHODS.get(n).needs_text_tower for n in names)
 
 
-__all__ = ["METHODS", "DEFAULT_METHODS", "MethodOptions", "QueryBatch", "QueryMethod", "build_method",
+def declared_options(names) -> dict:
+    """{method name: its `MethodOption`s} of every registered method among `names`."""
+    return {n: METHODS.get(n).options for n in names}
+
+
+__all__ = ["METHODS", "DEFAULT_METHODS", "MethodOption", "MethodOptions", "declared_options", "QueryBatch", "QueryMethod", "build_method",
            "needs_text_tower"]

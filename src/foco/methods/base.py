@@ -7,9 +7,9 @@ their construction (`MethodOptions.backbone`), so no caller branches on the kind
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
 
@@ -42,6 +42,20 @@ class MethodOptions:
     tscir: Path | None = None  # TSCIR composer folder (`foco tscir train`)
     slerp_alpha: float = 0.5  # slerp's interpolation weight (0: image, 1: text)
     backbone: "Backbone | None" = None  # the text tower, for methods with needs_text_tower
+    declared: dict[str, Any] = field(default_factory=dict)  # values of the methods' own `MethodOption`s, by name
+
+
+@dataclass(frozen=True)
+class MethodOption:
+    """An option one method declares beside itself (`QueryMethod.options`), as a benchmark reader declares its
+    `ReaderOption`s: `foco eval` offers `--FLAG VALUE` for every method and hands the parsed value to the method as
+    `MethodOptions.declared[name]`; a value given to a method that is not evaluated is refused."""
+
+    name: str  # the key in MethodOptions.declared
+    flag: str  # the command-line flag
+    help: str
+    default: str | None = None  # as typed on the command line; None: the method's own default
+    parse: Callable[[str], Any] = str
 
 
 # MethodOptions field -> (its flag, the file in the folder that records the backbone)
@@ -79,12 +93,13 @@ class QueryMethod:
     """Base of every method: `encode(QueryBatch) -> ComposedQuery` with `query` (B, D) L2-normalised.
 
     Class attributes say what a method reads beyond the cached features, so that callers can check up front:
-    `needs_text_tower` (built with `MethodOptions.backbone`) and `reads_anchor` (uses `QueryBatch.anchor` and
-    `attn_bias`; other methods refuse them rather than ignore them).
+    `needs_text_tower` (built with `MethodOptions.backbone`), `reads_anchor` (uses `QueryBatch.anchor` and
+    `attn_bias`; other methods refuse them rather than ignore them) and `options` (its own command-line options).
     """
 
     needs_text_tower: ClassVar[bool] = False
     reads_anchor: ClassVar[bool] = False
+    options: ClassVar[tuple[MethodOption, ...]] = ()  # the method's own options (`MethodOption`)
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "QueryMethod":

@@ -11,11 +11,20 @@ feature of a template such as "a photo of * that {modification}" with * = phi(v_
 
 The query needs the text tower, not cached text features: `Pic2WordMethod.needs_text_tower` is True, and the
 method holds the backbone it was built with (`MethodOptions.backbone`). Training is `foco.train.pic2word`.
+
+Query templates (`--pic2word-template`, a name of `TEMPLATES` or a literal text with `*` and `{}`):
+
+* `searle` (the default of checkpoints made so far): "a photo of * that {}", SEARLE's and LinCIR's phrasing;
+* `pic2word-cirr`: "a photo of * , {}", the template Pic2Word's reference evaluation (google-research/
+  composed_image_retrieval) composes CIRR queries with.
+
+A mapper in the reference's state-dict layout (IM2TEXT: `layers.{i}.0.weight/bias`, `fc_out.weight/bias`, with or
+without DDP's `module.` prefix), converted to safetensors, loads with `Pic2WordMapper.from_im2text`.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -25,9 +34,21 @@ import torch.nn as nn
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..model.encoder import ComposedQuery
 from ..utils.io import atomic_write_bytes, atomic_write_text, read_json
-from .base import MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
 
 WEIGHTS, CONFIG = "pic2word.safetensors", "pic2word.json"
+
+TEMPLATES = {"searle": "a photo of * that {}", "pic2word-cirr": "a photo of * , {}"}
+
+
+def resolve_template(template: str, placeholder: str = "*") -> str:
+    """A template's text: a name of `TEMPLATES`, or a literal with `{}` (the modification) and a free-standing
+    `placeholder`. Anything else is refused, naming the names and the flag."""
+    text = TEMPLATES.get(template, template)
+    if "{}" not in text or placeholder not in text.split():
+        raise ValueError(f"--pic2word-template {template!r} is neither a template name ({', '.join(TEMPLATES)}) nor "
+                         f"a text with '{{}}' and a free-standing {placeholder!r}")
+    return text
 
 
 @dataclass
@@ -54,6 +75,26 @@ class Pic2WordMapper(nn.Module):
             dim = cfg.hidden_dim
         layers.append(nn.Linear(dim, cfg.token_dim))
         self.net = nn.Sequential(*layers)
+
+    @classmethod
+    def from_im2text(cls, state: dict[str, torch.Tensor], cfg: Pic2WordConfig | None = None) -> "Pic2WordMapper":
+        """A mapper with the weights of a state dict in the reference's IM2TEXT layout (two hidden layers):
+        `layers.0.0` -> `net.0`, `layers.1.0` -> `net.3`, `fc_out` -> `net.6`; DDP's `module.` prefix is dropped.
+        The dimensions are read from the weights; `cfg` gives the rest (prompt, template, dropout)."""
+        state = {k[len("module."):] if k.startswith("module.") else k: v for k, v in state.items()}
+        names = {"layers.0.0": "net.0", "layers.1.0": "net.3", "fc_out": "net.6"}
+        wanted = {f"{a}.{w}" for a in names for w in ("weight", "bias")}
+        if set(state) != wanted:
+            missing, extra = sorted(wanted - set(state)), sorted(set(state) - wanted)
+            raise ValueError(f"not an IM2TEXT state dict with two hidden layers (missing {missing or 'none'}, "
+                             f"unexpected {extra or 'none'})")
+        hidden, image_dim = state["layers.0.0.weight"].shape
+        cfg = replace(cfg or Pic2WordConfig(), image_dim=int(image_dim), hidden_dim=int(hidden),
+                      token_dim=int(state["fc_out.weight"].shape[0]))
+        mapper = cls(cfg)
+        mapper.load_state_dict({f"{names[k.rsplit('.', 1)[0]]}.{k.rsplit('.', 1)[1]}": v.float()
+                                for k, v in state.items()})
+        return mapper
 
     def forward(self, image_global: torch.Tensor) -> torch.Tensor:
         return self.net(image_global)  # (B, E)
@@ -84,15 +125,15 @@ class Pic2WordMethod(QueryMethod):
     modification text in place of {}. Holds the backbone whose text tower reads the template."""
 
     needs_text_tower = True
+    options = (MethodOption("query_template", "--pic2word-template",
+                            "the query template: " + ", ".join(f"{k} ({v!r})" for k, v in TEMPLATES.items()) +
+                            ", or a text with * and {} (default: the one the mapper records)"),)
 
     def __init__(self, mapper: Pic2WordMapper, backbone: PseudoTokenBackbone | None = None,
                  query_template: str | None = None):
         self.mapper = mapper.eval()
         self.backbone = backbone
-        self.template = query_template or mapper.cfg.query_template
-        if "{}" not in self.template or mapper.cfg.placeholder not in self.template.split():
-            raise ValueError(f"query template {self.template!r} needs '{{}}' and a free-standing "
-                             f"{mapper.cfg.placeholder!r}")
+        self.template = resolve_template(query_template or mapper.cfg.query_template, mapper.cfg.placeholder)
 
     @classmethod
     def load(cls, path: str | Path, backbone: PseudoTokenBackbone | None = None,
@@ -106,7 +147,7 @@ class Pic2WordMethod(QueryMethod):
         if opts.backbone is None:
             raise ValueError("method pic2word reads its query with the text tower and needs --backbone (or a FoCo "
                              "checkpoint that records it)")
-        return cls.load(opts.pic2word, opts.backbone)
+        return cls.load(opts.pic2word, opts.backbone, opts.declared.get("query_template"))
 
     def prompts(self, modifications: Sequence[str]) -> list[str]:
         return [self.template.format(m) for m in modifications]

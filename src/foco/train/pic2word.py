@@ -24,12 +24,36 @@ class Pic2WordTrainConfig:
     weight_decay: float = 0.1  # the paper's
     warmup_frac: float = 0.05
     grad_clip: float = 1.0
+    optimizer: str = "reference"  # OPTIMIZERS: "reference" (Pic2Word's trainer) or "adamw" (torch's defaults)
     temperature: float | None = None  # tau of the loss; None: the backbone's own learned one (CLIP's ~0.01)
     max_steps: int | None = None  # stop early (smoke tests)
     seed: int = 0
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
+
+
+OPTIMIZERS = ("reference", "adamw")
+
+
+def no_decay(name: str, param: torch.nn.Parameter) -> bool:
+    """The reference trainer's exclusion from weight decay: biases, norms' gains (BatchNorm, LayerNorm) and the
+    temperature, i.e. every parameter whose name says so or that has fewer than two dimensions."""
+    return param.ndim < 2 or any(k in name for k in ("bias", "bn", "ln", "norm", "logit_scale"))
+
+
+def make_optimizer(module: torch.nn.Module, cfg: "Pic2WordTrainConfig") -> torch.optim.Optimizer:
+    """`reference`: AdamW with betas (0.9, 0.98), eps 1e-6 and no decay on biases and norms, as Pic2Word's trainer
+    (google-research/composed_image_retrieval) builds it; `adamw`: torch's AdamW defaults (betas (0.9, 0.999),
+    eps 1e-8), decay on every parameter, as foco trained Pic2Word before."""
+    named = [(n, p) for n, p in module.named_parameters() if p.requires_grad]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW([p for _, p in named], lr=cfg.lr, weight_decay=cfg.weight_decay)
+    if cfg.optimizer != "reference":
+        raise ValueError(f"--optimizer {cfg.optimizer!r}: choose from {', '.join(OPTIMIZERS)}")
+    groups = [{"params": [p for n, p in named if no_decay(n, p)], "weight_decay": 0.0},
+              {"params": [p for n, p in named if not no_decay(n, p)], "weight_decay": cfg.weight_decay}]
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.98), eps=1e-6)
 
 
 def backbone_temperature(backbone: object) -> float:
@@ -105,8 +129,8 @@ def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, ou
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; each rank takes its rows
         return objective(image_global[rank_slice(idx, env).to(env.device)].float(), env)
 
-    phase = Phase(cfg.epochs, lambda: torch.optim.AdamW(mapper.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay),
-                  step, record=lambda steps: {"steps": steps, "temperature": tau})
+    phase = Phase(cfg.epochs, lambda: make_optimizer(mapper, cfg), step,
+                  record=lambda steps: {"steps": steps, "temperature": tau})
     history = run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps,
                                                    name="Pic2Word", env=env, device=env.device,
                                                    identity={"backbone": backbone.spec}, settings=settings_of(cfg),
