@@ -214,7 +214,7 @@ def _p2w_grads(images: torch.Tensor, distributed: bool, rank: int = 0, world: in
         b = images.shape[0] // world
         images = images[rank * b:(rank + 1) * b]
     if distributed:
-        loss = objective(images, env)["loss"]
+        loss = objective(images, images, env)["loss"]  # raw inputs; the loss normalises its images
     else:  # the texts encoded in the ranks' halves: MiniLM's backward alone differs by ~0.3 % between a batch of
         # 16 and two of 8 in one process, so the reference must batch the text tower as the ranks do
         import torch.nn.functional as F

@@ -107,7 +107,7 @@ def test_pic2word_learns_the_prompt_retrieval(clip_dir, tmp_path):  # noqa: F811
     bb = HFBackbone(clip_dir)
     v = F.normalize(torch.randn(256, bb.embed_dim, generator=torch.Generator().manual_seed(0)), dim=-1)
     cfg = Pic2WordTrainConfig(epochs=40, batch_size=64, lr=3e-3, weight_decay=0.0, max_steps=40,
-                              model=Pic2WordConfig(hidden_dim=64))
+                              model=Pic2WordConfig(hidden_dim=64, mapper_input="normalized"))  # no raw vectors here
     torch.manual_seed(0)
     before = _prompt_recall(Pic2WordMapper(Pic2WordConfig(image_dim=bb.embed_dim, token_dim=bb.token_dim,
                                                           hidden_dim=64)), bb, v[:64])
@@ -123,7 +123,8 @@ def test_pic2word_on_world_features_saves_loads_and_composes(mini_world, world_b
     extract_images(world_bb, [(p.id, p.image) for p in pairs], tmp_path / "train", ExtractConfig(dtype="float32"))
     _, images = FeatureCache(tmp_path / "train").images()
     cfg = Pic2WordTrainConfig(epochs=2, batch_size=64, max_steps=4, model=Pic2WordConfig(hidden_dim=64))
-    mapper = train_pic2word(images.global_, world_bb, tmp_path / "p2w", cfg)
+    assert images.norm is not None and images.norm.shape == (len(images.global_),)  # the cache keeps the norms
+    mapper = train_pic2word(images.global_, world_bb, tmp_path / "p2w", cfg, image_norm=images.norm)
     log = [json.loads(line) for line in (tmp_path / "p2w" / "train_log.jsonl").read_text().splitlines()]
     assert [r["steps"] for r in log] == [3, 4] and all(np.isfinite(r["loss"]) for r in log)
     with pytest.raises(FileExistsError):
@@ -139,7 +140,8 @@ def test_pic2word_on_world_features_saves_loads_and_composes(mini_world, world_b
     torch.testing.assert_close(queries.norm(dim=-1), torch.ones(len(queries)))
     again = compose(Pic2WordMethod(mapper, world_bb), bench, feats, batch_size=5).query
     torch.testing.assert_close(queries, again, atol=1e-5, rtol=0)
-    direct = method.encode_raw(feats.references.global_[reference_rows(bench, feats)],
+    rows = reference_rows(bench, feats)
+    direct = method.encode_raw(feats.references.global_[rows] * feats.references.norm[rows, None],  # raw input
                                [q.texts[0] for q in bench.queries], world_bb).query  # all queries in one call
     torch.testing.assert_close(queries, direct, atol=1e-5, rtol=0)
     assert set(score_queries(queries, bench, feats.gallery_ids, feats.gallery)) >= {"R@1", "Rs@1"}

@@ -38,7 +38,8 @@ def _batch(world_bb, n=5):  # noqa: F811
              "change the background to a beach"][:n]
     tf = world_bb.encode_texts(texts)
     ref = ImageFeatures(torch.nn.functional.normalize(torch.randn(n, 32, generator=g), dim=-1),
-                        torch.randn(n, SMALL.image_size // 8 * (SMALL.image_size // 8), 32, generator=g))
+                        torch.randn(n, SMALL.image_size // 8 * (SMALL.image_size // 8), 32, generator=g),
+                        torch.rand(n, generator=g) + 0.5)  # the raw globals' norms, as caches keep them
     return QueryBatch(ref, TextFeatures(tf.global_, tf.tokens, tf.mask), texts)
 
 

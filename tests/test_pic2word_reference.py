@@ -108,3 +108,48 @@ def test_the_declared_template_reaches_the_method(tmp_path):
     chosen = build_method("pic2word", opts=MethodOptions(pic2word=tmp_path / "p2w", backbone=object(),
                                                          declared={"query_template": "pic2word-cirr"}))
     assert chosen.template == "a photo of * , {}"
+
+
+def test_the_mapper_reads_the_raw_embedding_by_default_and_old_checkpoints_stay_normalized(tmp_path):
+    import json
+    from foco.backbones.base import ImageFeatures, TextFeatures
+    from foco.methods import QueryBatch
+
+    class Tower:  # records what the text tower is given
+        def encode_texts_with_tokens(self, texts, embeddings, placeholder="*"):
+            self.tokens = embeddings
+            return TextFeatures(torch.nn.functional.normalize(embeddings, dim=-1), embeddings[:, None], None)
+
+    torch.manual_seed(0)
+    mapper = Pic2WordMapper(Pic2WordConfig(image_dim=8, token_dim=8, hidden_dim=8)).eval()
+    assert mapper.cfg.mapper_input == "raw"
+    g = torch.nn.functional.normalize(torch.randn(3, 8), dim=-1)
+    norm = torch.tensor([2.0, 5.0, 0.5])
+    tower = Tower()
+    method = Pic2WordMethod(mapper, tower)
+    method.encode(QueryBatch(ImageFeatures(g, torch.empty(3, 0, 8), norm), None, ["a", "b", "c"]))
+    with torch.no_grad():
+        torch.testing.assert_close(tower.tokens, mapper(g * norm[:, None]))
+    with pytest.raises(ValueError, match="--mapper-input normalized"):  # a cache without norms is refused
+        method.encode(QueryBatch(ImageFeatures(g, torch.empty(3, 0, 8)), None, ["a", "b", "c"]))
+    # a checkpoint written before the option (no mapper_input in its config) read normalised globals
+    mapper.save(tmp_path / "old")
+    meta = json.loads((tmp_path / "old" / "pic2word.json").read_text())
+    del meta["config"]["mapper_input"]
+    (tmp_path / "old" / "pic2word.json").write_text(json.dumps(meta))
+    old = Pic2WordMethod.load(tmp_path / "old", tower)
+    assert old.mapper.cfg.mapper_input == "normalized"
+    old.encode(QueryBatch(ImageFeatures(g, torch.empty(3, 0, 8)), None, ["a", "b", "c"]))
+    with torch.no_grad():
+        torch.testing.assert_close(tower.tokens, mapper(g))
+
+
+def test_pic2word_train_keeps_the_norms_path_from_cache_to_mapper(train_features, tmp_path, capsys):
+    import json
+    from foco.cli import main
+    assert main(["pic2word", "train", "--features", str(train_features), "--out", str(tmp_path / "p2w"),
+                 "--epochs", "1", "--batch-size", "64"]) == 0
+    meta = json.loads((tmp_path / "p2w" / "pic2word.json").read_text())
+    assert meta["config"]["mapper_input"] == "raw"
+    recorded = json.dumps(meta)
+    assert '"optimizer": "reference"' in recorded

@@ -128,7 +128,7 @@ def test_pic2word_leaves_its_config_alone(tmp_path):
     cfg = Pic2WordTrainConfig(epochs=2, batch_size=8, max_steps=5, model=Pic2WordConfig(hidden_dim=8))
     before = copy.deepcopy(cfg)
     v = F.normalize(torch.randn(30, 16, generator=torch.Generator().manual_seed(0)), dim=-1)  # (N, D)
-    mapper = train_pic2word(v, _FakeTextTower(), tmp_path / "p2w", cfg)
+    mapper = train_pic2word(v, _FakeTextTower(), tmp_path / "p2w", cfg, image_norm=torch.full((30,), 2.0))
     assert cfg == before and mapper.cfg.image_dim == 16 and mapper.cfg.token_dim == 12
     log = [json.loads(line) for line in (tmp_path / "p2w" / "train_log.jsonl").read_text().splitlines()]
     assert [r["steps"] for r in log] == [3, 5]

@@ -296,7 +296,8 @@ def extract_images(backbone: Backbone, items: Sequence[tuple[str, Any]], out: st
     Unreadable images raise, naming the file."""
     def encode(sources, _ids):
         f = backbone.encode_images([s.load() if hasattr(s, "load") else load_image(s) for s in sources])
-        return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {})}
+        return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {}),
+                **({"global_norm": f.norm.float()} if f.norm is not None else {})}  # (n,): raw = global * norm
     sources = [s if hasattr(s, "load") else Path(s) for _, s in items]  # paths: keyed resolved (`_cache_key`)
     return _extract("images", encode, backbone, [i for i, _ in items], sources, Path(out), cfg)
 
@@ -317,6 +318,11 @@ def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str
         keep = torch.arange(f.mask.shape[1], device="cpu")[None, :] < lengths[:, None]  # (n, L), on the CPU
         return {"global": f.global_, "tokens": f.tokens.cpu()[keep], "lengths": lengths}  # tokens (T, D)
     return _extract("texts", encode, backbone, [i for i, _ in items], [t for _, t in items], Path(out), cfg)
+
+
+def _norms(rows, idx) -> torch.Tensor | None:
+    """(n,) float32 norms of the raw image globals, or None for a cache written before foco kept them."""
+    return rows.rows("global_norm", idx).float() if rows.has("global_norm") else None
 
 
 _FIX = "rerun the `foco features extract` command that made this cache: it encodes damaged shards again"
@@ -397,8 +403,9 @@ class FeatureCache:
         every = range(len(ids))
         g = torch.nn.functional.normalize(rows.rows("global", every).float(), dim=-1)
         p = rows.rows("patches", every) if patches and rows.has("patches") else torch.empty(len(ids), 0, g.shape[1], device="cpu")
+        norm = _norms(rows, every)
         rows.close()
-        return ids, ImageFeatures(g, p if dtype is None else p.to(dtype))
+        return ids, ImageFeatures(g, p if dtype is None else p.to(dtype), norm)
 
     def stored_images(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], ImageFeatures]:
         """Ids and the images' features as training and evaluation read them: globals (n, D) float32, re-normalised,
@@ -407,9 +414,10 @@ class FeatureCache:
         from .feature_store import RowView
         ids, rows = self.rows("images")
         g = torch.nn.functional.normalize(rows.rows("global", range(len(ids))).float(), dim=-1)
+        norm = _norms(rows, range(len(ids)))
         if not rows.has("patches"):
-            return ids, ImageFeatures(g, torch.empty(len(ids), 0, g.shape[1], device="cpu"))
-        return ids, ImageFeatures(g, RowView(rows, "patches", dtype))
+            return ids, ImageFeatures(g, torch.empty(len(ids), 0, g.shape[1], device="cpu"), norm)
+        return ids, ImageFeatures(g, RowView(rows, "patches", dtype), norm)
 
     def stored_texts(self, dtype: torch.dtype | None = torch.float32) -> tuple[list[str], StoredTexts]:
         """Ids and the texts' features as training and evaluation read them: globals (n, D) float32, re-normalised,

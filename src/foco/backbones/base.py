@@ -25,6 +25,8 @@ class ImageFeatures:
 
     global_: torch.Tensor  # (B, D), L2-normalised
     patches: torch.Tensor  # (B, P, D), projected, not normalised
+    norm: torch.Tensor | None = None  # (B,) the global's L2 norm before normalisation (raw = global_ * norm[:, None]);
+                                      # None where unknown (caches made before foco kept it)
 
 
 @dataclass

@@ -224,8 +224,9 @@ class HFBackbone:
             else:
                 global_ = out.pooler_output  # (B, D), MAP head
                 patches = hidden  # (B, P, D), already post_layernorm-ed
+            norm = global_.float().norm(dim=-1)  # (B,) of the raw embedding (Pic2Word's mapper reads it raw)
             global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
-        return ImageFeatures(global_=global_.to(device), patches=patches.float().to(device))
+        return ImageFeatures(global_=global_.to(device), patches=patches.float().to(device), norm=norm.to(device))
 
     def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:
         """Encodes a batch of B texts into a normalised global (B, D), projected tokens (B, L, D) and a mask, on

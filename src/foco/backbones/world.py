@@ -215,7 +215,8 @@ class WorldBackbone:
         """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default)."""
         x = preprocess_images(images, self.cfg.image_size).to(self.device)  # (B, 3, S, S)
         global_, patches = self.model.image(x)  # (B, D), (B, P, D)
-        return ImageFeatures(F.normalize(global_, dim=-1).float().to(device), patches.float().to(device))
+        return ImageFeatures(F.normalize(global_, dim=-1).float().to(device), patches.float().to(device),
+                             global_.float().norm(dim=-1).to(device))  # (B,) the raw global's norm
 
     @torch.inference_mode()
     def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:

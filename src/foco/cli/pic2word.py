@@ -20,8 +20,11 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                               optimizer=a.optimizer, allow_changed=tuple(a.allow_changed))
-    train_pic2word(cache.images(patches=False)[1].global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
-                   meta={"provenance": features_provenance(a.features)})
+    from dataclasses import replace
+    cfg = replace(cfg, model=replace(cfg.model, mapper_input=a.mapper_input))
+    images = cache.images(patches=False)[1]
+    train_pic2word(images.global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
+                   meta={"provenance": features_provenance(a.features)}, image_norm=images.norm)
     shutdown(env)
     if env.is_main:
         print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")
@@ -42,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--optimizer", default="reference", choices=["reference", "adamw"],
                     help="reference: Pic2Word's trainer (AdamW, betas 0.9/0.98, eps 1e-6, no decay on biases and "
                          "norms; default); adamw: torch's AdamW defaults with decay on every parameter (foco before)")
+    pt.add_argument("--mapper-input", default="raw", choices=["raw", "normalized"],
+                    help="raw: the mapper reads the unnormalised image embedding, as Pic2Word's reference does "
+                         "(default; needs a cache that keeps the norms); normalized: the L2-normalised one")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     add_device_arg(pt)
     add_allow_changed(pt)

@@ -49,7 +49,8 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
         for s in range(0, len(texts), batch_size):
             r, t = ref_rows[s:s + batch_size], text_rows[s:s + batch_size]
             batch = QueryBatch(
-                reference=ImageFeatures(feats.references.global_[r], feats.references.patches[r]),  # patches read now
+                reference=ImageFeatures(feats.references.global_[r], feats.references.patches[r],  # patches read now
+                                        None if feats.references.norm is None else feats.references.norm[r]),
                 modification=feats.texts.take(t),  # read from the cache now
                 texts=texts[s:s + batch_size],
                 anchor=None if anchors is None else anchors[s:s + batch_size],

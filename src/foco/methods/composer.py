@@ -14,7 +14,7 @@ text.safetensors (only the text tower's trainable part: the world TextHead copy,
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -70,6 +70,8 @@ class _GlobalOnly(nn.Module):
 
 
 def build_mapper(kind: str, cfg: Pic2WordConfig) -> nn.Module:
+    """PACT's and TSCIR's mappers read the normalised global (their seeds say nothing of a raw input)."""
+    cfg = replace(cfg, mapper_input="normalized")
     if kind == "pic2word":
         return _GlobalOnly(Pic2WordMapper(cfg))
     if kind == "vsi":
@@ -120,7 +122,7 @@ class TextComposer(nn.Module):
         if expect is not None and meta.get("model") != expect:
             raise ValueError(f"{path / CONFIG} is a {meta.get('model')!r} checkpoint, not {expect!r}")
         cfg_cls = VSIConfig if meta["mapper"] == "vsi" else Pic2WordConfig
-        mapper = build_mapper(meta["mapper"], cfg_cls(**meta["mapper_config"]))
+        mapper = build_mapper(meta["mapper"], cfg_cls(**{**meta["mapper_config"], "mapper_input": "normalized"}))
         fix = f"retrain it with `foco {meta.get('model', 'pact')} train`"
         load_weights(mapper, load_tensors(path / MAPPER, fix), path / MAPPER, fix)
         raw = dict(meta["text"])

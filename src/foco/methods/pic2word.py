@@ -38,7 +38,23 @@ from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
 
 WEIGHTS, CONFIG = "pic2word.safetensors", "pic2word.json"
 
+MAPPER_INPUTS = ("raw", "normalized")
 TEMPLATES = {"searle": "a photo of * that {}", "pic2word-cirr": "a photo of * , {}"}
+
+
+def mapper_input(image: "ImageFeatures | torch.Tensor", norm: torch.Tensor | None, kind: str, where: str
+                 ) -> torch.Tensor:
+    """What the mapper reads, (B, D): the normalised globals, or with `kind` "raw" the globals times their norms
+    (B,). A raw mapper without norms is refused: `where` names the features."""
+    if kind == "normalized":
+        return image.float()
+    if kind != "raw":
+        raise ValueError(f"--mapper-input {kind!r}: choose from {', '.join(MAPPER_INPUTS)}")
+    if norm is None:
+        raise ValueError(f"{where} has no norms of the raw image embeddings, which a Pic2Word mapper with raw input "
+                         "reads: extract the features again with this foco (`foco features extract` keeps them), or "
+                         "train the mapper with --mapper-input normalized")
+    return image.float() * norm.float().to(image.device)[:, None]
 
 
 def resolve_template(template: str, placeholder: str = "*") -> str:
@@ -60,6 +76,8 @@ class Pic2WordConfig:
     train_prompt: str = "a photo of *"  # the text the pseudo word is trained in
     query_template: str = "a photo of * that {}"  # {} = the modification text
     placeholder: str = "*"  # the word replaced by the pseudo token; must be one token, spaces around it
+    mapper_input: str = "raw"  # MAPPER_INPUTS: "raw", the unnormalised image embedding (the reference's), or
+                               # "normalized" (foco's mappers before; a config that lacks the key is one)
 
 
 class Pic2WordMapper(nn.Module):
@@ -114,7 +132,7 @@ class Pic2WordMapper(nn.Module):
         meta = read_json(path / CONFIG)
         if meta.get("model") != "pic2word":
             raise ValueError(f"{path / CONFIG} is not a Pic2Word checkpoint config")
-        mapper = Pic2WordMapper(Pic2WordConfig(**meta["config"]))
+        mapper = Pic2WordMapper(Pic2WordConfig(**{"mapper_input": "normalized", **meta["config"]}))
         fix = "retrain it with `foco pic2word train`"
         load_weights(mapper, load_tensors(path / WEIGHTS, fix), path / WEIGHTS, fix)
         return mapper.eval()
@@ -155,12 +173,14 @@ class Pic2WordMethod(QueryMethod):
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         if self.backbone is None:
             raise ValueError("Pic2WordMethod was built without a backbone; pass one (MethodOptions.backbone)")
-        return self.encode_raw(batch.reference.global_, batch.texts, self.backbone)
+        v = mapper_input(batch.reference.global_, batch.reference.norm, self.mapper.cfg.mapper_input,
+                         "the reference features")
+        return self.encode_raw(v, batch.texts, self.backbone)
 
     @torch.no_grad()
     def encode_raw(self, reference_global: torch.Tensor, modifications: Sequence[str],
                    backbone: PseudoTokenBackbone) -> ComposedQuery:
-        """B reference globals (B, D) and B modification strings -> B normalised queries (B, D)."""
+        """B mapper inputs (B, D) (`mapper_input`) and B modification strings -> B normalised queries (B, D)."""
         if reference_global.shape[0] != len(modifications):
             raise ValueError(f"{reference_global.shape[0]} references for {len(modifications)} modifications")
         tokens = self.mapper(reference_global.float())  # (B, E)

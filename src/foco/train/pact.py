@@ -86,6 +86,10 @@ def build_composer(method: str, mapper_kind: str, model_cfg: Pic2WordConfig, tex
     mapper = build_mapper(mapper_kind, cfg)
     if mapper_init is not None:
         init = Pic2WordMapper.load(mapper_init)
+        if init.cfg.mapper_input != "normalized":
+            raise ValueError(f"--mapper-init {mapper_init}: that Pic2Word mapper reads the raw image embedding, and "
+                             f"{method.upper()} feeds it the normalised one; train it with `foco pic2word train "
+                             "--mapper-input normalized`")
         if (init.cfg.image_dim, init.cfg.token_dim, init.cfg.hidden_dim) != (cfg.image_dim, cfg.token_dim,
                                                                               cfg.hidden_dim):
             raise ValueError(f"--mapper-init {mapper_init}: its mapper is {init.cfg.image_dim} -> "

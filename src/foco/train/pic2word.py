@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
-from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
+from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper, mapper_input
 from ..utils.device import resolved
 from .distributed import DistEnv, current, ddp, rank_slice
 from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
@@ -97,16 +97,18 @@ class Pic2WordObjective(torch.nn.Module):
         self.__dict__["backbone"] = backbone  # frozen: not a submodule, so DDP leaves it alone
         self.prompt, self.placeholder, self.tau = prompt, placeholder, tau
 
-    def forward(self, v: torch.Tensor, env: DistEnv) -> Losses:  # v (b, D), this rank's images
-        text = self.backbone.encode_texts_with_tokens([self.prompt] * v.shape[0], self.mapper(v),
+    def forward(self, x: torch.Tensor, v: torch.Tensor, env: DistEnv) -> Losses:
+        """x (b, D) this rank's mapper inputs (raw or normalised); v (b, D) the same images' normalised globals."""
+        text = self.backbone.encode_texts_with_tokens([self.prompt] * x.shape[0], self.mapper(x),
                                                       self.placeholder).global_  # (b, D)
         return {"loss": pic2word_loss(F.normalize(v, dim=-1), text, self.tau, env)}
 
 
 def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,
-                   cfg: Pic2WordTrainConfig | None = None, resume: bool = False, meta: dict | None = None
-                   ) -> Pic2WordMapper:
-    """Trains phi on N cached image globals (N, D) with the frozen `backbone`'s text tower; writes `out`/
+                   cfg: Pic2WordTrainConfig | None = None, resume: bool = False, meta: dict | None = None,
+                   image_norm: torch.Tensor | None = None) -> Pic2WordMapper:
+    """Trains phi on N cached image globals (N, D), normalised, with the frozen `backbone`'s text tower; a mapper
+    with raw input (`Pic2WordConfig.mapper_input`, the default) reads them times `image_norm` (N,). Writes `out`/
     pic2word.safetensors + pic2word.json and train_log.jsonl. The state is saved after every epoch; `resume=True`
     continues a killed run. `cfg` is not modified (the dimensions are set on a copy)."""
     cfg = cfg if cfg is not None else Pic2WordTrainConfig()
@@ -121,13 +123,16 @@ def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, ou
     n, B = image_global.shape[0], min(cfg.batch_size, image_global.shape[0])
     env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
     mapper.to(env.device)
-    image_global = image_global.to(env.device)  # (N, D): globals only
+    inputs = mapper_input(image_global, image_norm, cfg.model.mapper_input, "the training features")  # (N, D)
+    image_global = image_global.to(env.device)  # (N, D): globals only, normalised (the loss's images)
+    inputs = inputs.to(env.device)
     objective = Pic2WordObjective(mapper, backbone, cfg.model.train_prompt, cfg.model.placeholder, tau)
     if env.enabled:
         objective = ddp(objective, env, find_unused=False)
 
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; each rank takes its rows
-        return objective(image_global[rank_slice(idx, env).to(env.device)].float(), env)
+        rows = rank_slice(idx, env).to(env.device)
+        return objective(inputs[rows].float(), image_global[rows].float(), env)
 
     phase = Phase(cfg.epochs, lambda: make_optimizer(mapper, cfg), step,
                   record=lambda steps: {"steps": steps, "temperature": tau})
