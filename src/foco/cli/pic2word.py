@@ -9,6 +9,7 @@ from .common import add_allow_changed, add_device_arg, add_owned_output, nonneg_
 def _pic2word_train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..features import FeatureCache
+    from ..methods.pic2word import Pic2WordConfig
     from ..train.pic2word import Pic2WordTrainConfig, train_pic2word
     from ..backbones import check_same_backbone
     from ..train.inputs import features_provenance
@@ -19,9 +20,8 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
-                              optimizer=a.optimizer, allow_changed=tuple(a.allow_changed))
-    from dataclasses import replace
-    cfg = replace(cfg, model=replace(cfg.model, mapper_input=a.mapper_input))
+                              optimizer=a.optimizer, allow_changed=tuple(a.allow_changed),
+                              model=Pic2WordConfig(mapper_input=a.mapper_input))
     images = cache.images(patches=False)[1]
     train_pic2word(images.global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
                    meta={"provenance": features_provenance(a.features)}, image_norm=images.norm)

@@ -45,10 +45,5 @@ def needs_text_tower(names) -> bool:
     return any(METHODS.get(n).needs_text_tower for n in names)
 
 
-def declared_options(names) -> dict:
-    """{method name: its `MethodOption`s} of every registered method among `names`."""
-    return {n: METHODS.get(n).options for n in names}
-
-
-__all__ = ["METHODS", "DEFAULT_METHODS", "MethodOption", "MethodOptions", "declared_options", "QueryBatch", "QueryMethod", "build_method",
+__all__ = ["METHODS", "DEFAULT_METHODS", "MethodOption", "MethodOptions", "QueryBatch", "QueryMethod", "build_method",
            "needs_text_tower"]

@@ -122,7 +122,7 @@ class TextComposer(nn.Module):
         if expect is not None and meta.get("model") != expect:
             raise ValueError(f"{path / CONFIG} is a {meta.get('model')!r} checkpoint, not {expect!r}")
         cfg_cls = VSIConfig if meta["mapper"] == "vsi" else Pic2WordConfig
-        mapper = build_mapper(meta["mapper"], cfg_cls(**{**meta["mapper_config"], "mapper_input": "normalized"}))
+        mapper = build_mapper(meta["mapper"], cfg_cls(**meta["mapper_config"]))
         fix = f"retrain it with `foco {meta.get('model', 'pact')} train`"
         load_weights(mapper, load_tensors(path / MAPPER, fix), path / MAPPER, fix)
         raw = dict(meta["text"])

@@ -42,8 +42,7 @@ MAPPER_INPUTS = ("raw", "normalized")
 TEMPLATES = {"searle": "a photo of * that {}", "pic2word-cirr": "a photo of * , {}"}
 
 
-def mapper_input(image: "ImageFeatures | torch.Tensor", norm: torch.Tensor | None, kind: str, where: str
-                 ) -> torch.Tensor:
+def mapper_input(image: torch.Tensor, norm: torch.Tensor | None, kind: str, where: str) -> torch.Tensor:
     """What the mapper reads, (B, D): the normalised globals, or with `kind` "raw" the globals times their norms
     (B,). A raw mapper without norms is refused: `where` names the features."""
     if kind == "normalized":
@@ -110,8 +109,8 @@ class Pic2WordMapper(nn.Module):
         cfg = replace(cfg or Pic2WordConfig(), image_dim=int(image_dim), hidden_dim=int(hidden),
                       token_dim=int(state["fc_out.weight"].shape[0]))
         mapper = cls(cfg)
-        mapper.load_state_dict({f"{names[k.rsplit('.', 1)[0]]}.{k.rsplit('.', 1)[1]}": v.float()
-                                for k, v in state.items()})
+        mapper.load_state_dict({f"{ours}.{w}": state[f"{theirs}.{w}"].float() for theirs, ours in names.items()
+                                for w in ("weight", "bias")})
         return mapper
 
     def forward(self, image_global: torch.Tensor) -> torch.Tensor:
