@@ -15,16 +15,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
 from foco import create_backbone
+from foco.ablation.stats import mean_sd
 from foco.benchmarks.world import load_world_part
 from foco.eval.compose import compose
 from foco.eval.rank import score_queries
 from foco.features import FeatureCache
-from foco.methods.pic2word import TEMPLATES, Pic2WordConfig, Pic2WordMethod
+from foco.methods.pic2word import Pic2WordConfig, Pic2WordMapper, Pic2WordMethod
 from foco.train.pic2word import Pic2WordTrainConfig, train_pic2word
 from foco.utils.io import atomic_write_text
 from foco.utils.provenance import provenance
@@ -57,8 +57,9 @@ def main() -> None:
                 cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=128, lr=a.lr, optimizer=optimizer, seed=seed,
                                           model=Pic2WordConfig(mapper_input=mapper_input))
                 train_pic2word(train.global_, backbone, d, cfg, resume=True, image_norm=train.norm)
-            for template in ("searle", "pic2word-cirr"):
-                method = Pic2WordMethod.load(d, backbone, TEMPLATES[template])
+            mapper = Pic2WordMapper.load(d)
+            for template in ("searle", "pic2word-cirr"):  # names of TEMPLATES, resolved by the method
+                method = Pic2WordMethod(mapper, backbone, template)
                 res = {}
                 for protocol, (bench, feats) in parts.items():
                     m = score_queries(compose(method, bench, feats).query, bench, feats.gallery_ids, feats.gallery)
@@ -71,7 +72,7 @@ def main() -> None:
     print("| setting / template | " + " | ".join(f"{p} {m}" for p, m in SHOW) + " |")
     print("|---|" + "---|" * len(SHOW))
     for k, cols in summary.items():
-        cells = [f"{statistics.mean(v):.1f} ± {statistics.stdev(v) if len(v) > 1 else 0.0:.1f}" for v in cols.values()]
+        cells = ["{:.1f} ± {:.1f}".format(*mean_sd(v)) for v in cols.values()]
         print(f"| {k} | " + " | ".join(cells) + " |")
 
 
