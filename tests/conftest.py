@@ -17,16 +17,19 @@ def tiny_world(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def train_features(tiny_world, tmp_path_factory):
-    """The tiny world's training split encoded once per session by a small random world backbone."""
+    """The tiny world's training split encoded once per session by a small random world backbone, at precision
+    auto (bf16 where the CPU has it natively: half the frozen text encoder's time)."""
     import torch
     from foco import create_backbone
     from foco.backbones.world import WorldCLIP, save_world_checkpoint
+    from foco.features import ExtractConfig
     from foco.world.splits import extract_world_split
     from test_train import SMALL
     root = tmp_path_factory.mktemp("train-feats")
     torch.manual_seed(0)
     save_world_checkpoint(WorldCLIP(SMALL), root / "bb")
-    extract_world_split(create_backbone(f"world:{root / 'bb'}"), tiny_world, "train", root / "f", include_captions=False)
+    extract_world_split(create_backbone(f"world:{root / 'bb'}"), tiny_world, "train", root / "f",
+                        ExtractConfig(precision="auto"), include_captions=False)
     return root / "f"
 
 
@@ -37,7 +40,7 @@ def edit_table(tiny_world, train_features, tmp_path_factory):
     from foco.edits.rule import RuleWriter
     from foco.edits.run import GenerateConfig, run_generate
     from foco.edits.store import EditStore
-    from foco.features import FeatureCache
+    from foco.features import ExtractConfig, FeatureCache
     from foco.train.edit_data import build_edit_table, encode_edit_texts
     root = tmp_path_factory.mktemp("edits")
     sources = [(r.id, r.truth) for r in read_captions(tiny_world, split="train")]
@@ -45,5 +48,5 @@ def edit_table(tiny_world, train_features, tmp_path_factory):
     with EditStore(root / "e.sqlite") as store:
         records = store.records(stats.settings_id)
     backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
-    encode_edit_texts(backbone, records, root / "texts")
+    encode_edit_texts(backbone, records, root / "texts", cfg=ExtractConfig(precision="auto"))
     return build_edit_table(train_features, root / "texts", records)

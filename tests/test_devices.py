@@ -223,16 +223,17 @@ def test_every_trainer_runs_with_device_cpu_and_makes_its_tensors_on_it(recorder
     run_generate([(r.id, r.truth) for r in read_captions(tiny_world, split="train")][:200], RuleWriter(), store,
                  GenerateConfig(per_caption=1))
     f, w, o = str(train_features), str(tiny_world), tmp_path
+    texts = ["--edit-features", str(o / "edit-texts")]  # the edit texts, encoded once (by the first) for all three
     runs = [["train", "--features", f, "--world", w, "--out", str(o / "foco"), "--stage1-epochs", "1",
              "--stage2-epochs", "1", "--batch-size", "128", "--max-negatives", "7"],
             ["train", "--features", f, "--world", w, "--out", str(o / "edits"), "--stage1-epochs", "1",
              "--stage2-epochs", "0", "--batch-size", "128", "--edits", str(store), "--stage3-epochs", "1",
-             "--image-weight", "0.3"],
+             "--image-weight", "0.3", *texts],
             ["pic2word", "train", "--features", f, "--out", str(o / "p2w"), "--epochs", "1", "--batch-size", "256"],
             ["pact", "train", "--features", f, "--edits", str(store), "--out", str(o / "pact"), "--max-steps", "2",
-             "--batch-size", "32"],
+             "--batch-size", "32", *texts],
             ["tscir", "train", "--features", f, "--edits", str(store), "--out", str(o / "tscir"), "--max-steps", "2",
-             "--batch-size", "16"],
+             "--batch-size", "16", *texts],
             ["backbone", "train", "--world", w, "--out", str(o / "bb"), "--epochs", "1", "--batch-size", "256"]]
     for argv in runs:
         assert main(argv + ["--device", "cpu"]) == 0, argv

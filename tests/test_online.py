@@ -16,8 +16,8 @@ def corpus(tiny_world, tmp_path_factory):
     root = tmp_path_factory.mktemp("online")
     shards = root / "shards"
     assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
-                 "--out", str(shards), "--shard-size", "300"]) == 0
-    pattern = str(shards / "{00000..00001}.tar")
+                 "--out", str(shards), "--shard-size", "150"]) == 0
+    pattern = str(shards / "{00000..00003}.tar")
     store = root / "d.sqlite"
     assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(store)]) == 0
     feats = root / "f"
@@ -38,7 +38,7 @@ def test_one_online_step_gives_the_cached_steps_losses(corpus):
     cached = build_pair_table(feats, ShardDecompositions(pattern, store, "rule", 0.01), k=5)
     online = OnlinePairTable(pattern, create_backbone("world:pretrained", "cpu"), store, "rule", k=5, workers=0)
     assert len(online) == len(cached) == 600
-    idx = torch.tensor([3, 599, 17, 250, 301, 42, 300, 128, 77, 460, 5, 333])  # both shards, any order
+    idx = torch.tensor([3, 599, 17, 250, 301, 42, 300, 128, 77, 460, 5, 333])  # every shard, any order
     a, b = cached.batch(idx), online.batch(idx)
     assert torch.equal(a.local_mask, b.local_mask) and a.local_mask.sum() > len(idx)
     assert torch.allclose(a.image_global, b.image_global, atol=1e-5)
@@ -58,11 +58,12 @@ def test_one_online_step_gives_the_cached_steps_losses(corpus):
 
 def test_foco_train_online_runs_with_workers_and_writes_a_checkpoint(corpus, capsys):
     from foco.model import ComposedQueryEncoder
-    root, pattern, store, _ = corpus
+    root, _, store, _ = corpus
     out = root / "online-run"
+    pattern = str(root / "shards" / "{00000..00001}.tar")  # two of the four shards, one per worker
     assert main(["train", "--in", pattern, "--online", "--backbone", "world:pretrained", "--decompositions",
                  str(store), "--decomposer", "rule", "--out", str(out), "--stage1-epochs", "1", "--stage2-epochs",
-                 "0", "--batch-size", "300", "--max-negatives", "7", "--workers", "2", "--device", "cpu"]) == 0
+                 "0", "--batch-size", "150", "--max-negatives", "7", "--workers", "2", "--device", "cpu"]) == 0
     model = ComposedQueryEncoder.load(out)
     assert sum(1 for _ in (out / "train_steps.jsonl").open()) == 2  # stage 1 (stage 2's step: the test above)
     assert model.cfg.dim == 256

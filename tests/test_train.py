@@ -26,8 +26,10 @@ def _env():
 
 
 def test_kill_and_resume_matches_uninterrupted_run(tiny_world, train_features, tmp_path):
+    # the uninterrupted run and the one to be killed run side by side, one thread each (OMP_NUM_THREADS=1)
     full = tmp_path / "full"
-    subprocess.run(_cmd(tiny_world, train_features, full), check=True, env=_env(), capture_output=True)
+    uninterrupted = subprocess.Popen(_cmd(tiny_world, train_features, full), env=_env(),
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
     killed = tmp_path / "killed"
     proc = subprocess.Popen(_cmd(tiny_world, train_features, killed), env=_env(),
@@ -42,6 +44,8 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_world, train_features, t
     assert proc.poll() is None, "the run finished before it could be killed; make it longer"
     proc.send_signal(signal.SIGKILL)
     proc.wait()
+    _, err = uninterrupted.communicate(timeout=600)
+    assert uninterrupted.returncode == 0, err[-2000:]
     assert not (killed / "foco.safetensors").exists()
     done = json.loads(state.read_text())["progress"]
     assert done["stage"] == 2 and done["epoch"] < 6

@@ -309,7 +309,14 @@ def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str
     padding; read them back by id."""
     items = sorted(items, key=lambda it: len(it[1]))
     def encode(texts, text_ids):
-        f = backbone.encode_texts(texts)
+        # a text repeated in the batch is encoded once (local phrases repeat: "a dog"); sorted by length, repeats
+        # mostly share a batch, and the batch's padded length is the same with or without them
+        unique = list(dict.fromkeys(texts))
+        f = backbone.encode_texts(unique)
+        if len(unique) < len(texts):
+            row = {t: r for r, t in enumerate(unique)}
+            idx = torch.tensor([row[t] for t in texts], device=f.global_.device)
+            f = type(f)(f.global_[idx], f.tokens[idx], f.mask[idx])
         if not cfg.tokens:
             return {"global": f.global_}
         lengths = f.mask.sum(1).cpu()  # (n,) real tokens (right-padded)

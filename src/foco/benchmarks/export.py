@@ -88,16 +88,22 @@ def second_phrasing(scene: dict, edit: dict, modification: str) -> str:
     return modification
 
 
-def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force: bool = False) -> dict:
+def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force: bool = False,
+                 protocol: str | None = None) -> dict:
     """Writes the world's `split` benchmark to `out` in format `fmt`; returns a summary (also saved as
     `world_export.<fmt>.<split>.json` with the official query id -> world query id mapping).
 
-    `out` must be new, empty or an earlier export; an annotation file there that foco did not write is never
-    replaced unless `force` (`foco.utils.ownership`)."""
+    `protocol` defaults to the format's own (circo: multi, the others: single); `described` exports in the cirr
+    layout. `out` must be new, empty or an earlier export of the same protocol; an annotation file there that foco
+    did not write is never replaced unless `force` (`foco.utils.ownership`)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {', '.join(FORMATS)}")
     world, out = Path(world), Path(out)
-    protocol = "multi" if fmt == "circo" else "single"
+    natural = "multi" if fmt == "circo" else "single"
+    protocol = protocol or natural
+    if protocol != natural and not (fmt == "cirr" and protocol == "described"):
+        raise ValueError(f"--format {fmt} exports the world's {natural} protocol, not {protocol} (the described "
+                         "protocol exports as --format cirr)")
     if fmt == "circo":  # one gallery and one image-info file per folder, as in the official layout
         mine = f"world_export.circo.{split}.json"
         others = sorted(p.name for p in out.glob("world_export.circo.*.json") if p.name != mine)
@@ -105,6 +111,12 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force
             raise ManifestError(f"{out} already holds a CIRCO export of another split ({', '.join(others)}): CIRCO's "
                                 "splits share one gallery and one image-info file, and the world's splits have "
                                 "different galleries, so each split needs its own --out")
+    earlier = out / f"world_export.{fmt}.{split}.json"
+    if earlier.is_file() and not force:
+        have = json.loads(earlier.read_text()).get("protocol", natural)
+        if have != protocol:
+            raise ManifestError(f"{out} holds a {fmt} export of the {have} protocol of {split} ({earlier.name}), "
+                                f"not of {protocol}: choose another --out, or pass --force to replace it")
     bench = load_benchmark(world, split, protocol)
     claim_folder(out, f"world export --format {fmt}", ("world_export.*.json",), force=force)
     writer = {"cirr": _cirr, "circo": _circo, "fashioniq": _fashioniq, "genecis": _genecis}[fmt]

@@ -20,7 +20,8 @@ from .cache import PartFeatures
 from .circo import PROTOCOL as CIRCO
 from .cirr import PROTOCOL as CIRR
 
-PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, submission=None)}
+PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, submission=None),
+             "described": replace(CIRR, submission=None)}  # `single` with described text (`foco.world.described`)
 
 
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from .common import add_owned_output, positive_int
+from .common import add_owned_output, positive_int, unit_float
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -35,6 +35,16 @@ def _ambiguous(a: argparse.Namespace) -> int:
     return 0
 
 
+def _describe(a: argparse.Namespace) -> int:
+    from ..world.described import generate_described
+    for split, s in generate_described(a.world, a.share, tuple(a.split.split(",")), force=a.force).items():
+        print(f"described protocol of {split} written under {a.world}/benchmarks/{split}/described: {s['queries']} "
+              f"queries at share {s['share']} ({100 * s['components_named']:.1f} % of the targets' components "
+              f"named, {s['instruction_only']} instructions left as they were); extract its features with "
+              f"`foco features extract --split {split}/described`, evaluate with `foco eval --protocols described`")
+    return 0
+
+
 def _export(a: argparse.Namespace) -> int:
     if a.format == "webdataset":
         from ..world.webdataset import export_world_pairs
@@ -47,7 +57,7 @@ def _export(a: argparse.Namespace) -> int:
               f"with --in '{s['pattern']}'")
         return 0
     from ..benchmarks.export import export_world
-    summary = export_world(a.world, a.format, a.split or "val", a.out, force=a.force)
+    summary = export_world(a.world, a.format, a.split or "val", a.out, force=a.force, protocol=a.protocol)
     print(f"world {a.split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
           f"{summary['queries']} queries, {summary['gallery']} gallery images")
     print(f"evaluate it with: foco eval --benchmark {a.format} --root {a.out} --split "
@@ -78,6 +88,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
     v.set_defaults(func=_verify)
+    d = world.add_parser("describe", help="the described protocol: single's queries, each instruction followed by a "
+                                          "partial description of the target (as CIRR's annotators write)")
+    d.add_argument("--world", required=True, help="world folder (foco world generate --out); written into")
+    d.add_argument("--share", type=unit_float, required=True,
+                   help="probability that each target object and the background is named (0: the instruction "
+                        "alone, 1: everything); docs/benchmarks.md gives the value calibrated against CIRR")
+    d.add_argument("--split", default="val,test", help="benchmark splits, comma-separated (default val,test)")
+    d.add_argument("--force", action="store_true", help="replace a described protocol made at another share")
+    d.set_defaults(func=_describe)
     ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
                                          "pairs as webdataset shards")
     ex.add_argument("--world", required=True, help="world folder (foco world generate --out)")
@@ -86,6 +105,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--split", default=None, choices=["val", "test", "pretrain", "train", "backbone_val"],
                     help="benchmarks: val (default) or test, whose files carry no targets as the official ones "
                          "(GeneCIS keeps them); webdataset: a pairs split (default train)")
+    ex.add_argument("--protocol", default=None, choices=["single", "multi", "described"],
+                    help="benchmarks: the world protocol to export (default: multi for circo, single for the others; "
+                         "described, written by `foco world describe`, in the cirr layout)")
     ex.add_argument("--shard-size", type=positive_int, default=1000, help="webdataset: samples per tar shard")
     ex.add_argument("--out", required=True, help="output folder")
     add_owned_output(ex, signature=("world_export.*.json",))

@@ -50,8 +50,10 @@ def attention_overlay(image: Image.Image, attention: torch.Tensor, side: int = 1
 
 
 def retrieval_figure(path: str | Path, reference: Image.Image, text: str, rows: Sequence[FigureRow],
-                     title: str = "") -> None:
-    """Writes the figure of one query: a row per method (its name on the left), green borders on ground truths."""
+                     title: str = "", side: int = 128) -> None:
+    """Writes the figure of one query: a row per method (its name on the left), green borders on ground truths.
+    The cells are composed into one image (each `side` pixels square) and drawn on one axes: a figure of one axes
+    per cell spent most of its time building axes (about 1 s a figure)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     if not have_matplotlib():
@@ -59,51 +61,48 @@ def retrieval_figure(path: str | Path, reference: Image.Image, text: str, rows: 
         return
     plt = pyplot()
     k = max(len(r.results) for r in rows)
-    ncols = 2 + k
-    fig, axes = plt.subplots(len(rows), ncols, figsize=(1.45 * ncols, 1.55 * len(rows) + 0.7), dpi=100,
-                             squeeze=False)
-    ref = np.asarray(reference.convert("RGB"))
-    outlined = set()  # axes of ground-truth results
+    pad, label, header, footer = 10, 120, 64, 6  # pixels
+    W, H = label + (side + pad) * (2 + k), header + (side + pad) * len(rows) + footer
+    canvas = np.full((H, W, 3), 255, dtype=np.uint8)  # (H, W, 3)
+    ref = _cell(reference, side)
+    jet = plt.get_cmap("jet")
+
+    def put(cell: np.ndarray, r: int, c: int, outline: bool = False) -> None:
+        y, x = header + r * (side + pad), label + c * (side + pad)
+        if outline:
+            canvas[y - 4:y + side + 4, x - 4:x + side + 4] = (0, 170, 0)
+        canvas[y:y + side, x:x + side] = cell
+
     for r, row in enumerate(rows):
-        ax = axes[r, 0]
-        ax.imshow(ref, interpolation="nearest")
-        ax.set_ylabel(row.method, fontsize=10, fontweight="bold", rotation=0, ha="right", va="center")
-        if r == 0:
-            ax.set_title("reference", fontsize=8)
-        ax = axes[r, 1]
+        put(ref, r, 0)
         if row.attention is not None:
-            side = ref.shape[0]
-            ax.imshow(ref, interpolation="nearest")
-            ax.imshow(attention_map(row.attention, side), cmap="jet", alpha=0.45, extent=(-0.5, side - 0.5,
-                                                                                          side - 0.5, -0.5))
-            if r == 0 or rows[r - 1].attention is None:
-                ax.set_title("F_Aggr attention", fontsize=8)
-        else:
-            ax.text(0.5, 0.5, "no attention\nmap", ha="center", va="center", fontsize=7, color="grey",
-                    transform=ax.transAxes)
-        for c in range(k):
-            ax = axes[r, 2 + c]
-            if c >= len(row.results):
-                continue
-            ax.imshow(np.asarray(row.results[c].convert("RGB")), interpolation="nearest")
-            if r == 0:
-                ax.set_title(f"top {c + 1}", fontsize=8)
-            if row.correct[c]:
-                outlined.add((r, 2 + c))
-    for (r, c), ax in np.ndenumerate(axes):
-        ax.set_xticks([])
-        ax.set_yticks([])
-        for spine in ax.spines.values():
-            if (r, c) in outlined:
-                spine.set_edgecolor("#00aa00")
-                spine.set_linewidth(4)
-            else:
-                spine.set_visible(False)
-    fig.suptitle((title + "\n" if title else "") + f'"{text}"   (green border: a ground-truth target)',
-                 fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path)
+            heat = jet(attention_map(row.attention, side))[..., :3] * 255  # (side, side, 3)
+            put((0.55 * ref + 0.45 * heat).astype(np.uint8), r, 1)
+        for c, (im, ok) in enumerate(zip(row.results, row.correct)):
+            put(_cell(im, side), r, 2 + c, outline=ok)
+    dpi = 100
+    fig = plt.figure(figsize=(W / dpi, H / dpi), dpi=dpi)
+    ax = fig.add_axes((0, 0, 1, 1))
+    ax.imshow(canvas, interpolation="nearest")
+    ax.set_axis_off()
+    for r, row in enumerate(rows):
+        ax.text(label - pad, header + r * (side + pad) + side / 2, row.method, fontsize=10, fontweight="bold",
+                ha="right", va="center")
+        if row.attention is None:
+            ax.text(label + (side + pad) + side / 2, header + r * (side + pad) + side / 2, "no attention\nmap",
+                    ha="center", va="center", fontsize=7, color="grey")
+    heads = ["reference", "F_Aggr attention" if any(r.attention is not None for r in rows) else ""]
+    for c, head in enumerate(heads + [f"top {c + 1}" for c in range(k)]):
+        ax.text(label + c * (side + pad) + side / 2, header - 6, head, fontsize=8, ha="center", va="bottom")
+    ax.text(W / 2, 4, (title + "\n" if title else "") + f'"{text}"   (green border: a ground-truth target)',
+            fontsize=9, ha="center", va="top")
+    fig.savefig(path, dpi=dpi)
     plt.close(fig)
+
+
+def _cell(image: Image.Image, side: int) -> np.ndarray:
+    """(side, side, 3) uint8: the image resized without smoothing, as the world's flat shapes are best seen."""
+    return np.asarray(image.convert("RGB").resize((side, side), Image.NEAREST))
 
 
 def _retrieval_figure_pil(path: Path, reference: Image.Image, text: str, rows: Sequence[FigureRow],

@@ -46,7 +46,7 @@ def quickstart_plan(size: str) -> QuickstartPlan:
         return QuickstartPlan(
             size, BackboneTrainConfig(epochs=8, batch_size=64),
             FoCoTrainConfig(stage1_epochs=2, stage2_epochs=4, batch_size=64, lr_stage1=1e-3, lr_aggr=5e-4,
-                            lr_comp=5e-4, model=FoCoConfig(learn_bias=True)),
+                            lr_comp=5e-4, max_negatives=31, model=FoCoConfig(learn_bias=True)),
             EditPlan(per_caption=2, stage3_epochs=4))
     return QuickstartPlan(
         size, BackboneTrainConfig(epochs=6, batch_size=256),

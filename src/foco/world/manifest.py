@@ -50,16 +50,19 @@ def load_pairs(root: str | Path, split: str) -> list[WorldPair]:
 def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmark:
     root = Path(root)
     base = root / "benchmarks" / split / protocol
+    if protocol == "described":  # single's queries with described text: checked against the world it came from
+        from .described import check_described
+        check_described(root, split)
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image"))
     gids = [str(g["id"]) for g in gallery]
     _check_unique(base / "gallery.jsonl", gids)
     known = set(gids)
     qpath = base / "queries.jsonl"
-    target_key = "target" if protocol == "single" else "targets"
+    target_key = "target" if protocol in ("single", "described") else "targets"
     queries = read_jsonl(qpath, required=("id", "reference", "modification", target_key))
     bench = WorldBenchmark(protocol, gids, [root / g["image"] for g in gallery], [], [], [], [], [], [])
     for lineno, q in enumerate(queries, 1):
-        targets = [q["target"]] if protocol == "single" else list(q["targets"])
+        targets = [q["target"]] if target_key == "target" else list(q["targets"])
         subset = list(q.get("subset", []))
         unknown = [x for x in [q["reference"], *targets, *subset] if x not in known]
         if unknown:
