@@ -31,11 +31,14 @@ def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
     assert sorted(p.name for p in (feats / "parts").iterdir()) == ["00000", "00001", "00002"]
     assert main(args) == 0  # resumable per shard: nothing left to do
 
-    # the same images through the world folder's path give the same features
+    # the same images through the world folder's path give the same features (the folder path's image half:
+    # `features extract --split train` encodes its images with extract_images over split_items, as here)
+    from foco import create_backbone
     from foco.corpora.extract import corpus_parts
-    from foco.features import FeatureCache
-    assert main(["features", "extract", "--backbone", "world:pretrained", "--world", str(tiny_world), "--split",
-                 "train", "--out", str(tmp_path / "folder")]) == 0
+    from foco.features import ExtractConfig, FeatureCache, extract_images
+    from foco.world.splits import split_items
+    extract_images(create_backbone("world:pretrained"), split_items(tiny_world, "train")[0], tmp_path / "folder",
+                   ExtractConfig())
     keys, g, p = [], [], []
     for name in corpus_parts(feats):
         part_ids, part = FeatureCache(feats / "parts" / name).images(dtype=None)

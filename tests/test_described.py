@@ -75,6 +75,13 @@ def test_another_share_edits_and_other_worlds_are_refused_by_name(world, tmp_pat
     assert main(["world", "describe", "--world", str(world), "--share", "0.6", "--split", "val"]) == 2
     err = capsys.readouterr().err
     assert "share 0.5, not 0.6" in err and "--force" in err
+    # nothing half-written: test at 0.5 and both asked at 0.6 is refused before val changes; val alone at 0.6
+    # would leave test at 0.5
+    assert main(["world", "describe", "--world", str(world), "--share", "0.5", "--split", "test"]) == 0
+    before = (world / "benchmarks" / "val" / "described" / "queries.jsonl").read_bytes()
+    assert main(["world", "describe", "--world", str(world), "--share", "0.6"]) == 2
+    assert "share 0.5, not 0.6" in capsys.readouterr().err
+    assert (world / "benchmarks" / "val" / "described" / "queries.jsonl").read_bytes() == before
     assert main(["world", "describe", "--world", str(world), "--share", "0.5", "--split", "vall"]) == 2
     assert "vall is not a benchmark split" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -86,6 +93,8 @@ def test_another_share_edits_and_other_worlds_are_refused_by_name(world, tmp_pat
     path.write_text("".join(lines[:-1]))  # a line deleted
     with pytest.raises(ValueError, match="does not match the sha256"):
         load_benchmark(world, "val", "described")
+    assert main(["world", "verify", str(world)]) == 2  # and world verify says so
+    assert "queries.jsonl does not match" in capsys.readouterr().err
     path.write_text("".join(lines))
     load_benchmark(world, "val", "described")
     from foco.world.described import check_described
@@ -93,6 +102,17 @@ def test_another_share_edits_and_other_worlds_are_refused_by_name(world, tmp_pat
     (moved / "world.json").write_text((moved / "world.json").read_text() + "\n")
     with pytest.raises(ValueError, match="made from another world"):
         check_described(moved, "val")
+    (world / "benchmarks" / "val" / "described" / "notes.txt").write_text("mine")  # a user's file stays
+    assert main(["world", "describe", "--world", str(world), "--share", "0.5", "--split", "val,test"]) == 0
+    assert (world / "benchmarks" / "val" / "described" / "notes.txt").read_text() == "mine"
+    foreign = world / "benchmarks" / "test" / "described"
+    shutil.rmtree(foreign)
+    foreign.mkdir()
+    (foreign / "queries.jsonl").write_text("{}\n")  # a folder foco did not write: refused, nothing replaced
+    assert main(["world", "describe", "--world", str(world), "--share", "0.5", "--split", "test"]) == 2
+    assert "foco did not write (queries.jsonl)" in capsys.readouterr().err
+    assert (foreign / "queries.jsonl").read_text() == "{}\n"
+    shutil.rmtree(world / "benchmarks" / "test" / "described")
     with pytest.raises(FileNotFoundError, match="foco world describe"):
         load_benchmark(world, "test", "described")
 
@@ -115,6 +135,13 @@ def test_eval_reads_it_and_the_cirr_export_gives_the_same_numbers(world, tmp_pat
     d = described["methods"]
     assert d["image"] == single["image"]  # the same references, targets and gallery
     assert d["text"]["R@1"] > single["text"]["R@1"] + 10  # the text now says what the target shows
+    both = tmp_path / "both.json"  # single and described side by side: never averaged, the second labelled
+    assert main(base[:-1] + ["text,image", "--protocols", "single,described", "--slerp-alpha", "0.5",
+                             "--out", str(both)]) == 0
+    both = json.loads(both.read_text())
+    assert "mean" not in both and both["methods"]["text"]["R@1"] == single["text"]["R@1"]
+    assert both["methods"]["text"]["R@1 (described)"] == d["text"]["R@1"]
+    assert both["parts"]["world/described"]["described_share"] == 1.0
     capsys.readouterr()
     assert main(["world", "export", "--world", str(world), "--format", "cirr", "--split", "val", "--protocol",
                  "described", "--out", str(tmp_path / "cirr")]) == 0
@@ -123,8 +150,13 @@ def test_eval_reads_it_and_the_cirr_export_gives_the_same_numbers(world, tmp_pat
     assert main(["world", "export", "--world", str(world), "--format", "cirr", "--split", "val",
                  "--out", str(tmp_path / "cirr")]) == 2  # the same folder, another protocol: refused
     assert "of the described protocol" in capsys.readouterr().err
+    assert main(["world", "export", "--world", str(world), "--format", "cirr", "--split", "test",
+                 "--out", str(tmp_path / "cirr")]) == 2  # nor another split of another protocol
     assert main(["world", "export", "--world", str(world), "--format", "circo", "--split", "val", "--protocol",
                  "described", "--out", str(tmp_path / "circo")]) == 2
+    assert main(["world", "export", "--world", str(world), "--format", "webdataset", "--protocol", "described",
+                 "--out", str(tmp_path / "wds")]) == 2
+    assert "leave --protocol out" in capsys.readouterr().err
     assert main(["eval", "--benchmark", "cirr", "--root", str(tmp_path / "cirr"), "--split", "val", "--backbone",
                  "world:pretrained", "--methods", "text,sum", "--cache", str(tmp_path / "cache"),
                  "--out", str(tmp_path / "c.json")]) == 0
@@ -135,3 +167,13 @@ def test_eval_reads_it_and_the_cirr_export_gives_the_same_numbers(world, tmp_pat
     for name in ("text", "sum"):
         for k, v in official[name].items():
             assert abs(v - direct[name][k]) < 1e-6, (name, k, v, direct[name][k])
+
+    # test rewritten at another share: slerp's alpha is not chosen on val's other text
+    assert main(["world", "describe", "--world", str(world), "--share", "0.5", "--split", "test", "--force"]) == 0
+    assert main(["features", "extract", "--backbone", "world:pretrained", "--world", str(world), "--split",
+                 "test/described", "--out", str(tmp_path / "f2" / "test-described")]) == 0
+    shutil.copytree(feats / "val-described", tmp_path / "f2" / "val-described")
+    capsys.readouterr()
+    assert main(["eval", "--world", str(world), "--features", str(tmp_path / "f2"), "--protocols", "described",
+                 "--methods", "slerp", "--out", str(tmp_path / "x.json")]) == 2
+    assert "share 1.0, test's at 0.5" in capsys.readouterr().err

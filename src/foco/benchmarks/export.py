@@ -102,8 +102,9 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force
     natural = "multi" if fmt == "circo" else "single"
     protocol = protocol or natural
     if protocol != natural and not (fmt == "cirr" and protocol == "described"):
-        raise ValueError(f"--format {fmt} exports the world's {natural} protocol, not {protocol} (the described "
-                         "protocol exports as --format cirr)")
+        home = "--format circo" if protocol == "multi" else "--format cirr"
+        raise ValueError(f"--format {fmt} exports the world's {natural} protocol, not {protocol} (--protocol "
+                         f"{protocol} exports as {home})")
     if fmt == "circo":  # one gallery and one image-info file per folder, as in the official layout
         mine = f"world_export.circo.{split}.json"
         others = sorted(p.name for p in out.glob("world_export.circo.*.json") if p.name != mine)
@@ -111,12 +112,14 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force
             raise ManifestError(f"{out} already holds a CIRCO export of another split ({', '.join(others)}): CIRCO's "
                                 "splits share one gallery and one image-info file, and the world's splits have "
                                 "different galleries, so each split needs its own --out")
-    earlier = out / f"world_export.{fmt}.{split}.json"
-    if earlier.is_file() and not force:
-        have = json.loads(earlier.read_text()).get("protocol", natural)
+    for earlier in sorted(out.glob(f"world_export.{fmt}.*.json")) if not force else []:
+        try:  # one protocol per folder: val chooses slerp's alpha for test, so a mixed folder would mix them
+            have = json.loads(earlier.read_text()).get("protocol", natural)
+        except (OSError, ValueError, AttributeError):
+            raise ManifestError(f"{earlier} is not a foco export record; choose another --out") from None
         if have != protocol:
-            raise ManifestError(f"{out} holds a {fmt} export of the {have} protocol of {split} ({earlier.name}), "
-                                f"not of {protocol}: choose another --out, or pass --force to replace it")
+            raise ManifestError(f"{out} holds a {fmt} export of the {have} protocol ({earlier.name}), not of "
+                                f"{protocol}: choose another --out, or pass --force to write beside it")
     bench = load_benchmark(world, split, protocol)
     claim_folder(out, f"world export --format {fmt}", ("world_export.*.json",), force=force)
     writer = {"cirr": _cirr, "circo": _circo, "fashioniq": _fashioniq, "genecis": _genecis}[fmt]

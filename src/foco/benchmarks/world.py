@@ -27,8 +27,15 @@ PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, s
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")
                ) -> list[CIRBenchmark]:
     parts = []
-    source = {"world": world_fingerprint(root)}
+    unknown = [p for p in protocols if p not in PROTOCOLS]
+    if unknown or not protocols:
+        raise ValueError(f"--protocols {','.join(protocols)}: {', '.join(map(repr, unknown)) or 'none given'}; "
+                         f"choose from {', '.join(PROTOCOLS)}")
     for protocol in protocols:
+        source = {"world": world_fingerprint(root)}
+        if protocol == "described":  # what the text says is part of what the numbers mean
+            from ..world.described import check_described
+            source["described_share"] = check_described(root, split)["share"]
         b = load_benchmark(root, split, protocol)
         queries = [CIRQuery(id=qid, reference=ref, texts=(mod,), targets=list(targets), subset=list(subset),
                             category=edit or None)
@@ -68,7 +75,7 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
 
 READER = BenchmarkReader(read_world, (
     ReaderOption("protocols", "--protocols", "world protocols, comma-separated", default="single,multi",
-                 parse=lambda v: tuple(v.split(","))),
+                 parse=lambda v: tuple(p.strip() for p in v.split(","))),
 ))
 
 

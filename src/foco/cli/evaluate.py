@@ -102,7 +102,7 @@ def _eval(a: argparse.Namespace) -> int:
     spec = a.backbone or checkpoint_backbone(a.checkpoint)
     if a.features and not a.backbone:  # the features say what they were made with; a checkpoint is checked
         from ..eval.evaluate import world_features_backbone
-        spec = world_features_backbone(Path(a.features), split) or spec
+        spec = world_features_backbone(Path(a.features), split, options.get("protocols")) or spec
     parts = read_benchmark(name, root, split, **options)  # every file checked before any encoding
     backbone = None
     if spec and (not a.features or needs_text_tower(methods)):

@@ -37,7 +37,8 @@ def _ambiguous(a: argparse.Namespace) -> int:
 
 def _describe(a: argparse.Namespace) -> int:
     from ..world.described import generate_described
-    for split, s in generate_described(a.world, a.share, tuple(a.split.split(",")), force=a.force).items():
+    splits = tuple(s.strip() for s in a.split.split(","))
+    for split, s in generate_described(a.world, a.share, splits, force=a.force).items():
         print(f"described protocol of {split} written under {a.world}/benchmarks/{split}/described: {s['queries']} "
               f"queries at share {s['share']} ({100 * s['components_named']:.1f} % of the targets' components "
               f"named, {s['instruction_only']} instructions left as they were); extract its features with "
@@ -47,6 +48,9 @@ def _describe(a: argparse.Namespace) -> int:
 
 def _export(a: argparse.Namespace) -> int:
     if a.format == "webdataset":
+        if a.protocol is not None:
+            raise ValueError("--protocol names a benchmark protocol; --format webdataset exports a pairs split, "
+                             "so leave --protocol out")
         from ..world.webdataset import export_world_pairs
         split = a.split if a.split in ("pretrain", "train", "backbone_val") else "train"
         if a.split not in (None, split):
@@ -57,11 +61,12 @@ def _export(a: argparse.Namespace) -> int:
               f"with --in '{s['pattern']}'")
         return 0
     from ..benchmarks.export import export_world
-    summary = export_world(a.world, a.format, a.split or "val", a.out, force=a.force, protocol=a.protocol)
-    print(f"world {a.split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
+    split = a.split or "val"
+    summary = export_world(a.world, a.format, split, a.out, force=a.force, protocol=a.protocol)
+    print(f"world {split} ({summary['protocol']}) written to {a.out} in the {a.format} layout: "
           f"{summary['queries']} queries, {summary['gallery']} gallery images")
     print(f"evaluate it with: foco eval --benchmark {a.format} --root {a.out} --split "
-          f"{'val' if a.format == 'genecis' else a.split} --backbone ... --checkpoint ...")
+          f"{'val' if a.format == 'genecis' else split} --backbone ... --checkpoint ...")
     return 0
 
 
@@ -95,7 +100,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="probability that each target object and the background is named (0: the instruction "
                         "alone, 1: everything); docs/benchmarks.md gives the value calibrated against CIRR")
     d.add_argument("--split", default="val,test", help="benchmark splits, comma-separated (default val,test)")
-    d.add_argument("--force", action="store_true", help="replace a described protocol made at another share")
+    d.add_argument("--force", action="store_true",
+                   help="replace a described protocol made at another share, and write beside (or over) files in "
+                        "benchmarks/SPLIT/described that foco did not write")
     d.set_defaults(func=_describe)
     ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
                                          "pairs as webdataset shards")

@@ -73,11 +73,14 @@ def world_cache_features(features: Path) -> FeatureSource:
     return source
 
 
-def world_features_backbone(features: Path, split: str) -> str | None:
-    """The backbone spec recorded by the world caches of `split` under `features` (the first found), or None."""
+def world_features_backbone(features: Path, split: str, protocols: tuple[str, ...] | None = None) -> str | None:
+    """The backbone spec recorded by the world caches of `split` under `features` (of `protocols` when given: the
+    first found), or None."""
     from ..utils.io import read_json
+    names = [f"{split}-{p}" for p in protocols] if protocols else None
     for manifest in sorted(Path(features).glob(f"{split}-*/manifest.json")):
-        return read_json(manifest).get("backbone")
+        if names is None or manifest.parent.name in names:
+            return read_json(manifest).get("backbone")
     return None
 
 
@@ -120,6 +123,8 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
                 results["backbone"] = feats.backbone["spec"]  # what the numbers were computed on
             entry = {"queries": len(bench.queries), "gallery": len(bench.gallery_ids()), "discarded": bench.discarded,
                      "methods": {}}
+            if "described_share" in bench.source:  # the described protocol's text: what the numbers mean
+                entry["described_share"] = bench.source["described_share"]
             for name in cfg.methods:
                 method = fixed.get(name) or _chosen_slerp(bench, cfg, results["chosen"])
                 composed = compose(method, bench, feats, cfg.compose_batch)
@@ -180,6 +185,10 @@ def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBench
                          f"give a --root that holds the val split too") from None
     if bench.name not in val:
         raise ValueError(f"the val split has no part {bench.name!r} to choose {what} on")
+    have, want = val[bench.name][0].source.get("described_share"), bench.source.get("described_share")
+    if have != want:
+        raise ValueError(f"choosing {what} on val: val's described protocol was written at share {have}, "
+                         f"{bench.split}'s at {want}; rerun `foco world describe --share S` for both splits")
     _check_provenance(*val[bench.name], cfg, None)
     return val[bench.name]
 
@@ -207,7 +216,7 @@ def mean_over_parts(parts: dict) -> dict[str, dict[str, float]]:
     """Unweighted mean over parts (FashionIQ categories, GeneCIS tasks), when there are several with the same
     metrics; empty otherwise."""
     entries = list(parts.values())
-    if len(entries) < 2:
+    if len(entries) < 2 or any(str(p).startswith("world/") for p in parts):  # world protocols are not categories
         return {}
     out = {}
     for name in entries[0]["methods"]:
@@ -222,10 +231,14 @@ def merge_parts(parts: dict) -> dict[str, dict[str, float]]:
     """One row per method across parts whose metrics have different names (the world's single and multi, or a
     single part); empty when two parts report the same metric (their mean is `mean_over_parts`)."""
     out: dict[str, dict[str, float]] = {}
-    for entry in parts.values():
+    world = all(str(p).startswith("world/") for p in parts)
+    for part, entry in parts.items():
         for name, metrics in entry["methods"].items():
             row = out.setdefault(name, {})
             if row.keys() & metrics.keys():
-                return {}
+                if not world:
+                    return {}
+                # the world's single and described share metric names: the later protocol's are labelled
+                metrics = {f"{k} ({label(part)})": v for k, v in metrics.items()}
             row.update(metrics)
     return out

@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from ..utils.io import atomic_write_text, read_json, read_jsonl, sha256_file
-from ..utils.ownership import claim_folder, check_outputs, record_outputs
+from ..utils.ownership import check_folder, check_outputs, claim_folder, record_outputs
 from .captions import join_list, object_phrase
 from .scene import Scene
 from .vocab import BACKGROUNDS
@@ -76,12 +76,17 @@ def describe(instruction: str, target: Scene, share: float, rng: np.random.Gener
 
 
 def build_described(world: str | Path, split: str, share: float) -> tuple[list[dict], list[dict]]:
-    """(gallery, queries) records of `split`'s described protocol at `share` (pure: nothing is written)."""
+    """(gallery, queries) records of `split`'s described protocol at `share` (pure: nothing is written). The
+    `single` files are read through `load_benchmark` first, so that a damaged or miscounted source is refused."""
+    from .manifest import load_benchmark
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"--share must lie in [0, 1], not {share}")
     world = Path(world)
+    load_benchmark(world, split, "single")  # ids, targets, counts against world.json
     base = world / "benchmarks" / split / "single"
-    seed = int(read_json(world / "world.json")["config"]["seed"])
+    seed = (read_json(world / "world.json").get("config") or {}).get("seed")
+    if not isinstance(seed, int):
+        raise ValueError(f"{world / 'world.json'} records no integer config.seed; regenerate the world")
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image", "scene"))
     scenes = {str(g["id"]): Scene.from_dict(g["scene"]) for g in gallery}
     queries = []
@@ -92,35 +97,57 @@ def build_described(world: str | Path, split: str, share: float) -> tuple[list[d
     return gallery, queries
 
 
+def _record(base: Path) -> dict | None:
+    """described.json of a folder, or None when there is none; a damaged one is refused by name."""
+    path = base / RECORD
+    if not path.is_file():
+        return None
+    rec = read_json(path)
+    if not isinstance(rec, dict) or not isinstance(rec.get("share"), (int, float)):
+        raise ValueError(f"{path} is not a described protocol's record (no share); remove {base} and run `foco "
+                         "world describe` again")
+    return rec
+
+
 def generate_described(world: str | Path, share: float, splits: tuple[str, ...] = ("val", "test"),
                        force: bool = False) -> dict:
     """Writes the described protocol of each of `splits` into the world folder and returns {split: summary}.
 
-    A folder already holding another share is refused unless `force` (the features extracted from it would then
-    belong to another text), as is any file there that foco did not write."""
-    from .generate import _dump_jsonl, world_fingerprint
-    world = Path(world)
+    Refused before anything is written: a split that already holds another share, or a benchmark split left at
+    another share than the one written now (val chooses slerp's alpha for test), unless `force` (the features
+    extracted from the old text are then refused by their caches); and any file in the folders that foco did not
+    write, unless `force`."""
+    from .generate import BENCH_SPLITS, _dump_jsonl, world_fingerprint
+    world, share = Path(world), float(share)
     if not (world / "world.json").is_file():
         raise FileNotFoundError(f"--world {world} holds no world.json: generate the world first "
                                 "(`foco world generate`)")
-    bad = [s for s in splits if s not in ("val", "test")]
-    if bad:
-        raise ValueError(f"--split {','.join(splits)}: {', '.join(bad)} is not a benchmark split; choose val, test "
-                         "or val,test")
-    out = {}
+    bad = [s for s in splits if s not in BENCH_SPLITS]
+    if bad or not splits:
+        raise ValueError(f"--split {','.join(splits)}: {', '.join(bad) or 'none'} is not a benchmark split; choose "
+                         "val, test or val,test")
+    if not force:
+        for split in BENCH_SPLITS:
+            base = world / "benchmarks" / split / PROTOCOL
+            rec = _record(base)
+            if rec is not None and rec["share"] != share:
+                what = ("features extracted from it describe another text" if split in splits else
+                        f"it would be left at another share than {', '.join(splits)} (val chooses slerp's alpha for "
+                        "test): write both with --split val,test")
+                raise FileExistsError(f"{base} holds the described protocol at share {rec['share']}, not {share}: "
+                                      f"{what}; or pass --force to replace it (and extract its features again "
+                                      "into a new folder)")
+    built = {split: build_described(world, split, share) for split in splits}  # every source read before writing
     for split in splits:
         base = world / "benchmarks" / split / PROTOCOL
-        record = base / RECORD
-        if record.is_file() and not force:
-            have = read_json(record).get("share")
-            if have != share:
-                raise FileExistsError(f"{base} holds the described protocol at share {have}, not {share}: features "
-                                      "extracted from it describe another text; pass --force to replace it (and "
-                                      "extract its features again into a new folder)")
-        gallery, queries = build_described(world, split, share)
-        claim_folder(base, "world describe", (RECORD,), force=force, flag="--world")
+        check_folder(base, (RECORD,), force, flag="folder")  # "folder X holds files foco did not write ..."
+        check_outputs(base, [base / f for f in (*FILES, RECORD)], force, flag="folder")
+    out = {}
+    for split, (gallery, queries) in built.items():
+        base = world / "benchmarks" / split / PROTOCOL
         paths = [base / f for f in (*FILES, RECORD)]
-        check_outputs(base, paths, force, flag="--world")
+        claim_folder(base, "world describe", (RECORD,), force=True)
+        record_outputs(base, paths)  # foco's before they are written: an interrupted run is resumed, not refused
         _dump_jsonl(base / "gallery.jsonl", gallery)
         _dump_jsonl(base / "queries.jsonl", queries)
         single = world / "benchmarks" / split / "single"
@@ -133,29 +160,31 @@ def generate_described(world: str | Path, share: float, splits: tuple[str, ...] 
                    "instruction_only": sum(1 for n in n_named if n == 0),
                    "single_sha256": {f: sha256_file(single / f) for f in FILES},
                    "manifests_sha256": {f: sha256_file(base / f) for f in FILES}}
-        atomic_write_text(record, json.dumps(summary, indent=2, sort_keys=True) + "\n")
-        record_outputs(base, paths)
+        atomic_write_text(base / RECORD, json.dumps(summary, indent=2, sort_keys=True) + "\n")
         out[split] = summary
     return out
 
 
 def check_described(root: str | Path, split: str) -> dict:
     """described.json of `split`, checked: made from this world, from its current `single` files, and its own two
-    files unchanged since. Raises a ValueError naming the file and the fix."""
+    files unchanged since. Raises a ValueError (FileNotFoundError when there is none) naming the file and the fix."""
     from .generate import world_fingerprint
     root = Path(root)
     base = root / "benchmarks" / split / PROTOCOL
-    fix = f"regenerate it with `foco world describe --world {root} --share S --force`"
-    if not (base / RECORD).is_file():
+    rec = _record(base)
+    if rec is None:
         raise FileNotFoundError(f"{base / RECORD} is missing: the described protocol of {split} is written by "
-                                f"`foco world describe --world {root} --share S`")
-    rec = read_json(base / RECORD)
+                                f"`foco world describe --world {root} --share S` (docs/benchmarks.md gives S)")
+    fix = f"regenerate it with `foco world describe --world {root} --share {rec['share']} --force`"
     if rec.get("world") != world_fingerprint(root):
         raise ValueError(f"{base} was made from another world (fingerprint {rec.get('world')}, this one "
                          f"{world_fingerprint(root)}); {fix}")
     for f in FILES:
-        if sha256_file(root / "benchmarks" / split / "single" / f) != rec.get("single_sha256", {}).get(f):
-            raise ValueError(f"{root / 'benchmarks' / split / 'single' / f} changed since {base} was made; {fix}")
-        if sha256_file(base / f) != rec.get("manifests_sha256", {}).get(f):
-            raise ValueError(f"{base / f} does not match the sha256 in {base / RECORD} (edited since); {fix}")
+        single, own = root / "benchmarks" / split / "single" / f, base / f
+        if not own.is_file():
+            raise FileNotFoundError(f"{own} is missing; {fix}")
+        if not single.is_file() or sha256_file(single) != (rec.get("single_sha256") or {}).get(f):
+            raise ValueError(f"{single} changed since {base} was made from it; {fix}")
+        if sha256_file(own) != (rec.get("manifests_sha256") or {}).get(f):
+            raise ValueError(f"{own} does not match the sha256 in {base / RECORD} (edited since); {fix}")
     return rec

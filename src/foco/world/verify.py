@@ -27,6 +27,9 @@ def verify_world(root: str | Path) -> dict:
             b = load_benchmark(root, split, protocol)
             counts[f"{split}/{protocol}"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
             images += b.gallery_images
+        if (root / "benchmarks" / split / "described").exists():  # `foco world describe` wrote one: checked too
+            b = load_benchmark(root, split, "described")  # described.json against the world and the files
+            counts[f"{split}/described"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
     hashes = _read_hashes(root)
     bad = []
     for path in progress(images, desc="decoding and hashing images"):
