@@ -41,12 +41,13 @@ import numpy as np
 from ..utils.io import atomic_write_text, read_json, read_jsonl, sha256_file
 from ..utils.ownership import check_folder, check_outputs, claim_folder, record_outputs
 from .captions import join_list, object_phrase
+from .manifest import DESCRIBED_FILES as FILES, DESCRIBED_RECORD as RECORD
+from .manifest import check_described  # noqa: F401  (the protocol's check, where its readers look for it)
+from .manifest import described_record as _record
+from .manifest import load_benchmark
 from .scene import Scene
 from .vocab import BACKGROUNDS
 
-PROTOCOL = "described"
-RECORD = "described.json"
-FILES = ("gallery.jsonl", "queries.jsonl")
 FORMAT = 1
 
 
@@ -78,7 +79,6 @@ def describe(instruction: str, target: Scene, share: float, rng: np.random.Gener
 def build_described(world: str | Path, split: str, share: float) -> tuple[list[dict], list[dict]]:
     """(gallery, queries) records of `split`'s described protocol at `share` (pure: nothing is written). The
     `single` files are read through `load_benchmark` first, so that a damaged or miscounted source is refused."""
-    from .manifest import load_benchmark
     if not 0.0 <= share <= 1.0:
         raise ValueError(f"--share must lie in [0, 1], not {share}")
     world = Path(world)
@@ -95,18 +95,6 @@ def build_described(world: str | Path, split: str, share: float) -> tuple[list[d
                                _query_rng(seed, split, str(q["id"])))
         queries.append({**q, "instruction": q["modification"], "modification": text, "described": parts})
     return gallery, queries
-
-
-def _record(base: Path) -> dict | None:
-    """described.json of a folder, or None when there is none; a damaged one is refused by name."""
-    path = base / RECORD
-    if not path.is_file():
-        return None
-    rec = read_json(path)
-    if not isinstance(rec, dict) or not isinstance(rec.get("share"), (int, float)):
-        raise ValueError(f"{path} is not a described protocol's record (no share); remove {base} and run `foco "
-                         "world describe` again")
-    return rec
 
 
 def generate_described(world: str | Path, share: float, splits: tuple[str, ...] = ("val", "test"),
@@ -128,7 +116,7 @@ def generate_described(world: str | Path, share: float, splits: tuple[str, ...] 
                          "val, test or val,test")
     if not force:
         for split in BENCH_SPLITS:
-            base = world / "benchmarks" / split / PROTOCOL
+            base = world / "benchmarks" / split / "described"
             rec = _record(base)
             if rec is not None and rec["share"] != share:
                 what = ("features extracted from it describe another text" if split in splits else
@@ -139,12 +127,12 @@ def generate_described(world: str | Path, share: float, splits: tuple[str, ...] 
                                       "into a new folder)")
     built = {split: build_described(world, split, share) for split in splits}  # every source read before writing
     for split in splits:
-        base = world / "benchmarks" / split / PROTOCOL
+        base = world / "benchmarks" / split / "described"
         check_folder(base, (RECORD,), force, flag="folder")  # "folder X holds files foco did not write ..."
         check_outputs(base, [base / f for f in (*FILES, RECORD)], force, flag="folder")
     out = {}
     for split, (gallery, queries) in built.items():
-        base = world / "benchmarks" / split / PROTOCOL
+        base = world / "benchmarks" / split / "described"
         paths = [base / f for f in (*FILES, RECORD)]
         claim_folder(base, "world describe", (RECORD,), force=True)
         record_outputs(base, paths)  # foco's before they are written: an interrupted run is resumed, not refused
@@ -154,7 +142,7 @@ def generate_described(world: str | Path, share: float, splits: tuple[str, ...] 
         n_named = [len(q["described"]) for q in queries]
         scenes = {g["id"]: g["scene"] for g in gallery}
         n_parts = sum(len(scenes[q["target"]]["objects"]) + 1 for q in queries)  # objects + the background
-        summary = {"format": FORMAT, "protocol": PROTOCOL, "split": split, "share": share,
+        summary = {"format": FORMAT, "protocol": "described", "split": split, "share": share,
                    "world": world_fingerprint(world), "queries": len(queries), "gallery": len(gallery),
                    "components_named": round(sum(n_named) / max(n_parts, 1), 4),
                    "instruction_only": sum(1 for n in n_named if n == 0),
@@ -163,28 +151,3 @@ def generate_described(world: str | Path, share: float, splits: tuple[str, ...] 
         atomic_write_text(base / RECORD, json.dumps(summary, indent=2, sort_keys=True) + "\n")
         out[split] = summary
     return out
-
-
-def check_described(root: str | Path, split: str) -> dict:
-    """described.json of `split`, checked: made from this world, from its current `single` files, and its own two
-    files unchanged since. Raises a ValueError (FileNotFoundError when there is none) naming the file and the fix."""
-    from .generate import world_fingerprint
-    root = Path(root)
-    base = root / "benchmarks" / split / PROTOCOL
-    rec = _record(base)
-    if rec is None:
-        raise FileNotFoundError(f"{base / RECORD} is missing: the described protocol of {split} is written by "
-                                f"`foco world describe --world {root} --share S` (docs/benchmarks.md gives S)")
-    fix = f"regenerate it with `foco world describe --world {root} --share {rec['share']} --force`"
-    if rec.get("world") != world_fingerprint(root):
-        raise ValueError(f"{base} was made from another world (fingerprint {rec.get('world')}, this one "
-                         f"{world_fingerprint(root)}); {fix}")
-    for f in FILES:
-        single, own = root / "benchmarks" / split / "single" / f, base / f
-        if not own.is_file():
-            raise FileNotFoundError(f"{own} is missing; {fix}")
-        if not single.is_file() or sha256_file(single) != (rec.get("single_sha256") or {}).get(f):
-            raise ValueError(f"{single} changed since {base} was made from it; {fix}")
-        if sha256_file(own) != (rec.get("manifests_sha256") or {}).get(f):
-            raise ValueError(f"{own} does not match the sha256 in {base / RECORD} (edited since); {fix}")
-    return rec

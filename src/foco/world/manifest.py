@@ -51,7 +51,6 @@ def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmar
     root = Path(root)
     base = root / "benchmarks" / split / protocol
     if protocol == "described":  # single's queries with described text: checked against the world it came from
-        from .described import check_described
         check_described(root, split)
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image"))
     gids = [str(g["id"]) for g in gallery]
@@ -110,3 +109,47 @@ def _check_unique(path: Path, ids: list[str]) -> None:
                 dups.append(i)
             seen.add(i)
         raise ManifestError(f"{path}: {len(dups)} duplicate id(s), e.g. {dups[:3]}")
+
+
+# The described protocol's record (`foco.world.described` writes it; every reader of the protocol checks it here)
+DESCRIBED_RECORD = "described.json"
+DESCRIBED_FILES = ("gallery.jsonl", "queries.jsonl")
+
+
+def described_record(base: Path) -> dict | None:
+    """described.json of a folder, or None when there is none; a damaged one is refused by name."""
+    from ..utils.io import read_json
+    path = base / DESCRIBED_RECORD
+    if not path.is_file():
+        return None
+    rec = read_json(path)
+    if not isinstance(rec, dict) or not isinstance(rec.get("share"), (int, float)):
+        raise ValueError(f"{path} is not a described protocol's record (no share); remove {base} and run `foco "
+                         "world describe` again")
+    return rec
+
+
+def check_described(root: str | Path, split: str) -> dict:
+    """described.json of `split`, checked: made from this world, from its current `single` files, and its own two
+    files unchanged since. Raises a ValueError (FileNotFoundError when there is none) naming the file and the fix."""
+    from ..utils.io import sha256_file as _sha256
+    from .generate import world_fingerprint
+    root = Path(root)
+    base = root / "benchmarks" / split / "described"
+    rec = described_record(base)
+    if rec is None:
+        raise FileNotFoundError(f"{base / DESCRIBED_RECORD} is missing: the described protocol of {split} is written "
+                                f"by `foco world describe --world {root} --share S` (docs/benchmarks.md gives S)")
+    fix = f"regenerate it with `foco world describe --world {root} --share {rec['share']} --force`"
+    if rec.get("world") != world_fingerprint(root):
+        raise ValueError(f"{base} was made from another world (fingerprint {rec.get('world')}, this one "
+                         f"{world_fingerprint(root)}); {fix}")
+    for f in DESCRIBED_FILES:
+        single, own = root / "benchmarks" / split / "single" / f, base / f
+        if not own.is_file():
+            raise FileNotFoundError(f"{own} is missing; {fix}")
+        if not single.is_file() or _sha256(single) != (rec.get("single_sha256") or {}).get(f):
+            raise ValueError(f"{single} changed since {base} was made from it; {fix}")
+        if _sha256(own) != (rec.get("manifests_sha256") or {}).get(f):
+            raise ValueError(f"{own} does not match the sha256 in {base / DESCRIBED_RECORD} (edited since); {fix}")
+    return rec
