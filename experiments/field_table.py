@@ -3,7 +3,9 @@ Chord scoring, on the world test benchmarks; then FoCo with and without box anch
 
     OMP_NUM_THREADS=1 python experiments/field_table.py --run runs/quickstart
 
-Reads RUN/{world,backbone,foco,features/{train,test-single,test-multi}} and writes only under RUN/field/:
+Reads RUN/{world,foco,features/{train,test-single,test-multi}} (the backbone is the one RUN/foco/foco.json
+records: `world:pretrained` for `make demo`'s runs, RUN/backbone for a --train-backbone run) and writes only under
+RUN/field/:
 val feature caches, the Pic2Word mapper, the ambiguous val and test splits (their own root,
 RUN/field/ambiguous-world) and field_table.json. alpha (slerp), lambda (Chord, per method and protocol) and beta
 (box anchoring) are chosen on val; the test table shows the whole beta sweep.
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from foco.backbones.world import load_world_backbone
+from foco import create_backbone
 from foco.benchmarks.world import load_world_part
 from foco.eval.box import evaluate_box_anchoring
 from foco.eval.compose import compose, reference_rows
@@ -65,7 +67,7 @@ def main() -> None:
     world, field = run / "world", run / "field"
     t0 = time.time()
     timings = {}
-    backbone = load_world_backbone(run / "backbone")
+    backbone = create_backbone(json.loads((run / "foco" / "foco.json").read_text())["backbone"])  # the run's own
 
     # Pic2Word: trained on the FoCo training split's cached image features
     p2w_dir = field / "pic2word"
