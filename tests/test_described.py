@@ -97,7 +97,7 @@ def test_another_share_edits_and_other_worlds_are_refused_by_name(world, tmp_pat
     assert "queries.jsonl does not match" in capsys.readouterr().err
     path.write_text("".join(lines))
     load_benchmark(world, "val", "described")
-    from foco.world.described import check_described
+    from foco.world.manifest import check_described
     moved = shutil.copytree(world, tmp_path / "w2")  # the same files under another world.json
     (moved / "world.json").write_text((moved / "world.json").read_text() + "\n")
     with pytest.raises(ValueError, match="made from another world"):

@@ -14,7 +14,7 @@ import torch
 
 from ..features import FeatureCache
 from ..world.generate import world_fingerprint
-from ..world.manifest import load_benchmark
+from ..world.manifest import described_record, load_benchmark
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, ImageRef, ReaderOption
 from .cache import PartFeatures
 from .circo import PROTOCOL as CIRCO
@@ -31,12 +31,12 @@ def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...]
     if unknown or not protocols:
         raise ValueError(f"--protocols {','.join(protocols)}: {', '.join(map(repr, unknown)) or 'none given'}; "
                          f"choose from {', '.join(PROTOCOLS)}")
+    fingerprint = world_fingerprint(root)
     for protocol in protocols:
-        source = {"world": world_fingerprint(root)}
+        b = load_benchmark(root, split, protocol)  # a described part's record is checked here
+        source = {"world": fingerprint}
         if protocol == "described":  # what the text says is part of what the numbers mean
-            from ..world.described import check_described
-            source["described_share"] = check_described(root, split)["share"]
-        b = load_benchmark(root, split, protocol)
+            source["described_share"] = described_record(Path(root) / "benchmarks" / split / protocol)["share"]
         queries = [CIRQuery(id=qid, reference=ref, texts=(mod,), targets=list(targets), subset=list(subset),
                             category=edit or None)
                    for qid, ref, mod, targets, subset, edit in zip(b.query_ids, b.references, b.modifications,

@@ -42,7 +42,6 @@ from ..utils.io import atomic_write_text, read_json, read_jsonl, sha256_file
 from ..utils.ownership import check_folder, check_outputs, claim_folder, record_outputs
 from .captions import join_list, object_phrase
 from .manifest import DESCRIBED_FILES as FILES, DESCRIBED_RECORD as RECORD
-from .manifest import check_described  # noqa: F401  (the protocol's check, where its readers look for it)
 from .manifest import described_record as _record
 from .manifest import load_benchmark
 from .scene import Scene
