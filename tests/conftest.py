@@ -50,3 +50,16 @@ def edit_table(tiny_world, train_features, tmp_path_factory):
     backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
     encode_edit_texts(backbone, records, root / "texts", cfg=ExtractConfig(precision="auto"))
     return build_edit_table(train_features, root / "texts", records)
+
+
+@pytest.fixture(scope="session")
+def eval_features(tiny_world, train_features, tmp_path_factory):
+    """test/single and test/multi of the tiny world, encoded with the training features' backbone."""
+    from foco import create_backbone
+    from foco.features import FeatureCache
+    from foco.world.splits import extract_world_split
+    root = tmp_path_factory.mktemp("eval-feats")
+    backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
+    for protocol in ("single", "multi"):
+        extract_world_split(backbone, tiny_world, f"test/{protocol}", root / f"test-{protocol}")
+    return root

@@ -321,8 +321,8 @@ def test_evaluate_uses_the_slerp_alpha_it_is_given(val_features):
     from foco.eval.evaluate import EvalConfig, evaluate
     from foco.methods import MethodOptions
     bench, feats = val_features
-    runs = {a: evaluate([bench], lambda b: feats, EvalConfig(methods=("slerp",), slerp_alpha=a))["methods"]["slerp"]
-            for a in (0.2, 0.5, 0.8)}
+    runs = {a: evaluate([bench], lambda b: feats, EvalConfig(methods=("slerp",), options=MethodOptions(
+        slerp_alpha=a)))["methods"]["slerp"] for a in (0.2, 0.5, 0.8)}
     assert runs[0.2] != runs[0.5] != runs[0.8]
-    same = evaluate([bench], lambda b: feats, EvalConfig(methods=("slerp",), options=MethodOptions(slerp_alpha=0.2)))
-    assert same["methods"]["slerp"] == runs[0.2]  # no alpha in the config: the options' own
+    default = evaluate([bench], lambda b: feats, EvalConfig(methods=("slerp",)))
+    assert default["methods"]["slerp"] == runs[0.5]  # no alpha given: slerp's own default, 0.5

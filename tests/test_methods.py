@@ -57,11 +57,10 @@ def test_every_registered_method_composes(name, options, world_bb):  # noqa: F81
 
 
 def test_methods_that_need_the_text_tower_say_so(options):
-    from dataclasses import replace
     for name in METHODS.names():
         if METHODS.get(name).needs_text_tower and name not in NEEDS_SERVER:
             with pytest.raises(ValueError, match="backbone"):
-                build_method(name, opts=replace(options, backbone=None))
+                build_method(name, opts=options.replace(backbone=None))
     with pytest.raises(ValueError, match="needs --checkpoint"):
         build_method("foco")
 

@@ -93,7 +93,7 @@ def test_the_reference_optimiser_is_the_default():
 def test_the_template_is_the_methods_own_option_of_foco_eval(tiny_world, capsys):
     from foco.cli import main
     from foco.methods import METHODS
-    assert [o.flag for o in METHODS.get("pic2word").options] == ["--pic2word-template"]
+    assert [o.flag for o in METHODS.get("pic2word").options] == ["--pic2word", "--pic2word-template"]
     args = ["eval", "--benchmark", "world", "--root", str(tiny_world), "--backbone", "world:pretrained"]
     assert main([*args, "--methods", "image", "--pic2word-template", "pic2word-cirr"]) == 2
     err = capsys.readouterr().err
@@ -106,7 +106,7 @@ def test_the_declared_template_reaches_the_method(tmp_path):
     opts = MethodOptions(pic2word=tmp_path / "p2w", backbone=object())
     assert build_method("pic2word", opts=opts).template == "a photo of * that {}"  # the mapper's recorded one
     chosen = build_method("pic2word", opts=MethodOptions(pic2word=tmp_path / "p2w", backbone=object(),
-                                                         declared={"query_template": "pic2word-cirr"}))
+                                                         query_template="pic2word-cirr"))
     assert chosen.template == "a photo of * , {}"
 
 

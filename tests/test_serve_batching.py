@@ -192,7 +192,7 @@ def test_two_workers_share_the_index_and_each_others_heatmaps(engine, tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    ckpt = engine.options.checkpoint
+    ckpt = engine.options.get("checkpoint")
     server = subprocess.Popen([sys.executable, "-m", "foco", "serve", "--index", str(engine.folder), "--checkpoint",
                                str(ckpt), "--port", str(port), "--workers", "2"],
                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,

@@ -188,8 +188,9 @@ def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, fi
     R@1-by-edit-type chart."""
     methods = tuple(m for m in QUICKSTART_METHODS if m != "foco-edits" or foco_edits is not None)
     cache = world_cache_features(features)
-    cfg = EvalConfig(methods=methods, options=MethodOptions(checkpoint=checkpoint, foco_edits=foco_edits),
-                     by_category=True, slerp_alpha="val", val=val_parts(lambda: read_world(world, "val"), cache))
+    cfg = EvalConfig(methods=methods, options=MethodOptions(checkpoint=checkpoint, foco_edits=foco_edits,
+                                                            slerp_alpha="val"),
+                     by_category=True, val=val_parts(lambda: read_world(world, "val"), cache))
     answers: dict[str, dict[int, tuple[list[str], object]]] = {}  # method -> query -> (top-5 ids, attention)
     shown: list[int] = []
 

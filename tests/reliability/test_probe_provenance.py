@@ -25,19 +25,6 @@ def _fails(argv, capsys, *needles) -> str:
 
 
 @pytest.fixture(scope="module")
-def eval_features(tiny_world, train_features, tmp_path_factory):
-    """test/single and test/multi of the tiny world, encoded with the training features' backbone."""
-    from foco import create_backbone
-    from foco.features import FeatureCache
-    from foco.world.splits import extract_world_split
-    root = tmp_path_factory.mktemp("eval-feats")
-    backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
-    for protocol in ("single", "multi"):
-        extract_world_split(backbone, tiny_world, f"test/{protocol}", root / f"test-{protocol}")
-    return root
-
-
-@pytest.fixture(scope="module")
 def other_backbone(tmp_path_factory):
     from foco.backbones.world import WorldCLIP, save_world_checkpoint
     from test_train import SMALL

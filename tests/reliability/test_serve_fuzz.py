@@ -128,7 +128,7 @@ def test_after_the_fuzz_the_server_answers_as_before(client):
     health = client.get("/healthz").json()
     answer = client.post("/search", data=GOOD).json()
     fresh_engine = SearchEngine.open(client.app.state.foco.engine.folder,
-                                     checkpoint=client.app.state.foco.engine.options.checkpoint)
+                                     checkpoint=client.app.state.foco.engine.options.get("checkpoint"))
     fresh = TestClient(create_app(fresh_engine, ServeLimits(max_upload_bytes=256 * 1024, max_k=50, max_knn=100)))
     want = fresh.post("/search", data=GOOD).json()
     assert [(r["id"], r["score"]) for r in answer["results"]] == [(r["id"], r["score"]) for r in want["results"]]

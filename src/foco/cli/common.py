@@ -161,14 +161,6 @@ def float_or_val(v: str | None) -> float | str | None:
     return x
 
 
-def checkpoint_backbone(checkpoint: str | Path | None) -> str | None:
-    """The backbone spec a FoCo checkpoint records (foco.json), or None."""
-    if not checkpoint:
-        return None
-    from ..model.encoder import checkpoint_meta
-    return checkpoint_meta(checkpoint).get("backbone")
-
-
 def add_decomposition_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decompositions", default=None,
                    help="SQLite store written by `foco decompose` (default: the world's oracle decompositions)")

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_device_arg, check_writable, checkpoint_backbone, float_or_val, positive_int
+from .common import add_device_arg, check_writable, float_or_val, positive_int
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -33,18 +33,25 @@ def _reader_options(a: argparse.Namespace, name: str) -> dict:
 
 
 def _method_options(a: argparse.Namespace, methods: tuple[str, ...]) -> dict:
-    """The evaluated methods' own options (`MethodOption`); a value for a method not evaluated is an error."""
-    from ..methods import METHODS
-    declared = {}
-    for name in METHODS.names():
-        for opt in METHODS.get(name).options:
-            value = getattr(a, _dest(opt.flag))
-            if name in methods:
-                if value is not None:
-                    declared[opt.name] = opt.parse(value)
-            elif value != opt.default:
-                raise ValueError(f"{opt.flag} is an option of method {name}, which --methods does not name")
-    return declared
+    """The methods' own options (`MethodOption`), parsed. A weights folder (an option with a record) is kept even
+    for a method not evaluated: its record is checked, and it may name the backbone. Any other option of a method
+    that is not evaluated, given a non-default value, is an error unless the option is not `strict`."""
+    from ..methods import METHODS, declared_options
+    for name in methods:
+        METHODS.get(name)  # an unknown name is refused here, with the registered names
+    values = {}
+    for key, (opt, owners) in declared_options().items():
+        value = getattr(a, _dest(opt.flag))
+        if opt.record is None and not set(owners) & set(methods):
+            if value != opt.default and opt.strict:
+                raise ValueError(f"{opt.flag} is an option of method {', '.join(owners)}, which --methods does not "
+                                 "name")
+            if value is not None:
+                opt.parse(value)  # a bad value is still an error
+            continue
+        if value is not None and not (opt.record and value == ""):  # an empty folder flag: not given
+            values[key] = opt.parse(value)
+    return values
 
 
 def _dest(flag: str) -> str:
@@ -75,8 +82,8 @@ def _sources(a, name: str, root: str, split: str, options: dict, spec: str | Non
         features = world_cache_features(Path(a.features))
         return features, val_parts(lambda: read_benchmark(name, root, "val", **options), features)
     if backbone is None:
-        raise ValueError(f"--benchmark {name} encodes its images and needs --backbone (e.g. "
-                         "world:pretrained or hf:PATH), or a --checkpoint that records one")
+        raise ValueError(f"--benchmark {name} encodes its images and needs --backbone (e.g. world:pretrained or "
+                         "hf:PATH), or a trained method's folder that records one (--checkpoint, --pic2word, ...)")
     from ..benchmarks.cache import backbone_slug
     cache = Path(a.cache) if a.cache else Path("runs") / "cache" / f"{name}-{split}" / backbone_slug(spec)
     val_cache = cache if split == "val" else (Path(f"{a.cache}-val") if a.cache else
@@ -92,14 +99,15 @@ def _eval(a: argparse.Namespace) -> int:
     from ..eval.evaluate import EvalConfig, evaluate
     from ..eval.report import results_table
     from ..methods import MethodOptions, needs_text_tower
+    from ..methods.base import recorded_spec
     from ..utils.io import atomic_write_text
     name, root, split = _target(a)
     check_writable(a.out, "--out")
     _check_results_file(a.out, a.force)
     options = _reader_options(a, name)
     methods = tuple(a.methods.split(","))
-    declared = _method_options(a, methods)
-    spec = a.backbone or checkpoint_backbone(a.checkpoint)
+    method_options = MethodOptions(**_method_options(a, methods))
+    spec = a.backbone or recorded_spec(method_options)
     if a.features and not a.backbone:  # the features say what they were made with; a checkpoint is checked
         from ..eval.evaluate import world_features_backbone
         spec = world_features_backbone(Path(a.features), split, options.get("protocols")) or spec
@@ -110,14 +118,8 @@ def _eval(a: argparse.Namespace) -> int:
         from ..utils.device import resolve_device
         backbone = create_backbone(spec, device=str(resolve_device(a.device)))
     features, val = _sources(a, name, root, split, options, spec, backbone)
-    cfg = EvalConfig(methods=methods, slerp_alpha=float_or_val(a.slerp_alpha), chord=float_or_val(a.chord),
-                     chord_shortlist=a.chord_shortlist, val=val, by_category=a.by_category,
-                     options=MethodOptions(checkpoint=Path(a.checkpoint) if a.checkpoint else None,
-                                           foco_edits=Path(a.foco_edits) if a.foco_edits else None,
-                                           pic2word=Path(a.pic2word) if a.pic2word else None,
-                                           pact=Path(a.pact) if a.pact else None,
-                                           tscir=Path(a.tscir) if a.tscir else None, backbone=backbone,
-                                           declared=declared),
+    cfg = EvalConfig(methods=methods, chord=float_or_val(a.chord), chord_shortlist=a.chord_shortlist, val=val,
+                     by_category=a.by_category, options=method_options.replace(backbone=backbone),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
     results = evaluate(parts, features, cfg, backbone_spec=a.backbone if a.features else spec)
@@ -145,7 +147,7 @@ def _check_results_file(out: str | None, force: bool) -> None:
 
 def register(sub: argparse._SubParsersAction) -> None:
     from ..benchmarks import BENCHMARKS
-    from ..methods import METHODS
+    from ..methods import METHODS, declared_options
     ev = sub.add_parser("eval", help="evaluate methods on a benchmark (official layouts, or the world)")
     ev.add_argument("--benchmark", default=None, choices=BENCHMARKS.names(),
                     help="read this benchmark from --root in its official layout (docs: foco.benchmarks)")
@@ -156,27 +158,22 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help="world only: folder of <split>-<protocol> caches from `foco features extract`")
     ev.add_argument("--methods", default="foco,image,text,sum",
                     help=f"comma-separated, from: {', '.join(METHODS.names())}")
-    ev.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder")
-    ev.add_argument("--foco-edits", default=None, help="method foco-edits: a checkpoint of `foco train --edits`")
-    ev.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (foco pic2word train)")
-    ev.add_argument("--pact", default=None, help="method pact: a folder of `foco pact train`")
-    ev.add_argument("--tscir", default=None, help="method tscir: a folder of `foco tscir train`")
-    ev.add_argument("--slerp-alpha", default="val", help="slerp's alpha, or 'val' to choose it on the val split")
     ev.add_argument("--chord", default=None, metavar="LAMBDA",
                     help="Chord scoring with this lambda for every method, or 'val' to choose it per method on val")
     ev.add_argument("--chord-shortlist", type=positive_int, default=None,
                     help="Chord rescores only the cosine top-N of the gallery (default: all of it)")
     ev.add_argument("--by-category", action="store_true",
                     help="also R@1 per query category (world edit types, FashionIQ categories)")
-    ev.add_argument("--backbone", default=None, help="backbone spec (default: the one the FoCo checkpoint records)")
+    ev.add_argument("--backbone", default=None, help="backbone spec (default: the one the first trained method's "
+                                                     "folder records, --checkpoint first)")
     ev.add_argument("--cache", default=None, help="feature cache folder (default runs/cache/<benchmark>-<split>/"
                                                   "<backbone>; val choices use <cache>-val)")
     for name in BENCHMARKS.names():
         for opt in BENCHMARKS.get(name).options:
             ev.add_argument(opt.flag, default=opt.default, choices=opt.choices, help=f"{name}: {opt.help}")
-    for name in METHODS.names():
-        for opt in METHODS.get(name).options:
-            ev.add_argument(opt.flag, default=opt.default, help=f"method {name}: {opt.help}")
+    for opt, owners in declared_options().values():  # each method's own: its weights folder, its settings
+        ev.add_argument(opt.flag, default=opt.default, help=f"method {', '.join(owners)}: {opt.help}"
+                        + (" (its record names the default --backbone)" if opt.record else ""))
     ev.add_argument("--submission-dir", default=None,
                     help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
                          "runs/submissions)")

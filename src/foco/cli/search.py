@@ -75,8 +75,8 @@ def _parse_reference(value: str):
 
 def _search(a: argparse.Namespace) -> int:
     from ..search.engine import Limits, Query, SearchEngine
-    engine = SearchEngine.open(a.index, checkpoint=a.checkpoint, pic2word=a.pic2word, foco_edits=a.foco_edits,
-                               limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta, device=_device(a))
+    engine = SearchEngine.open(a.index, limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta, device=_device(a),
+                               **_weights(a))
     box = tuple(float(v) for v in a.box.split(",")) if a.box else None
     if box is not None and len(box) != 4:
         raise ValueError(f"--box takes x0,y0,x1,y1, got {a.box!r}")
@@ -103,8 +103,7 @@ def _serve(a: argparse.Namespace) -> int:
               "authentication", file=sys.stderr)
     limits = ServeLimits(max_upload_bytes=a.max_upload_mb * 1024 * 1024, max_text_chars=a.max_text, max_k=a.max_k,
                          max_knn=a.max_knn, max_batch=a.max_batch, max_wait_ms=a.max_wait_ms)
-    engine_args = {"checkpoint": a.checkpoint, "pic2word": a.pic2word, "foco_edits": a.foco_edits,
-                   "box_beta": a.box_beta, "device": _device(a)}
+    engine_args = {**_weights(a), "box_beta": a.box_beta, "device": _device(a)}
     engine = SearchEngine.open(a.index, limits=Limits(max_k=a.max_k, max_text_chars=a.max_text), **engine_args)
     import uvicorn
     print(f"foco serve: {engine.count()} images, methods {', '.join(engine.available_methods())}; "
@@ -129,10 +128,16 @@ def _serve(a: argparse.Namespace) -> int:
     return 0
 
 
+def _weights(a: argparse.Namespace) -> dict:
+    """The given weights folders of the served methods, by option name (what `SearchEngine.open` takes)."""
+    from ..methods import served_weights
+    return {name: getattr(a, opt.flag.lstrip("-").replace("-", "_")) for name, (opt, _) in served_weights().items()}
+
+
 def _method_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", default=None, help="FoCo checkpoint folder (enables --method foco)")
-    p.add_argument("--foco-edits", default=None, help="foco-edits checkpoint folder (enables --method foco-edits)")
-    p.add_argument("--pic2word", default=None, help="Pic2Word mapper folder (enables --method pic2word)")
+    from ..methods import served_weights
+    for opt, owners in served_weights().values():  # each served method's own weights folder
+        p.add_argument(opt.flag, default=None, help=f"{opt.help} (enables --method {', '.join(owners)})")
     p.add_argument("--box-beta", type=finite_float, default=-8.0,
                    help="attention bias inside --box (negative: attend outside the box, as chosen on val)")
     add_device_arg(p)
@@ -179,7 +184,10 @@ def _register_search(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--index", required=True, help="index folder (foco index build --out)")
     s.add_argument("--reference", required=True, help="an indexed id, or the path of an image file")
     s.add_argument("--text", required=True, help="the modification, e.g. 'make the dress red'")
-    s.add_argument("--method", default="foco", help="foco, foco-edits, pic2word, slerp, sum, image or text")
+    from ..methods import METHODS
+    served = [n for n in METHODS.names() if METHODS.get(n).served]
+    s.add_argument("--method", default="foco", help="one of the served methods whose weights are given: "
+                   + ", ".join(served))
     s.add_argument("-k", "--k", type=positive_int, default=10, help="how many results")
     s.add_argument("--box", default=None, help="x0,y0,x1,y1 in pixels of the reference (FoCo's attention)")
     s.add_argument("--chord", type=nonneg_float, default=0.0, help="Chord lambda (0: plain cosine)")

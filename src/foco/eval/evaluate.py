@@ -11,7 +11,7 @@ chosen on the val split of the same benchmark ("val"), through `EvalConfig.val`,
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Union
 
@@ -38,8 +38,8 @@ OnRanked = Callable[[str, CIRBenchmark, PartFeatures, ComposedQuery, Rankings], 
 @dataclass
 class EvalConfig:
     methods: tuple[str, ...] = DEFAULT_METHODS
-    options: MethodOptions = field(default_factory=MethodOptions)  # checkpoint, Pic2Word mapper, backbone
-    slerp_alpha: float | str | None = None  # a number, "val", or None: options.slerp_alpha
+    options: MethodOptions = field(default_factory=MethodOptions)  # the methods' options (slerp_alpha "val":
+    # chosen on val) and the backbone
     chord: Choice = None  # Chord rescoring lambda for every method: None (cosine), a number, or "val" (per method)
     chord_shortlist: int | None = None  # rescore only the cosine top-N of the full gallery (None: all of it)
     compose_batch: int = 256  # queries per method.encode call
@@ -108,13 +108,13 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
     `on_ranked(method, bench, feats, composed, rankings)` is called after each method is ranked on each part
     (figures, exports)."""
     results: dict = {"benchmark": parts[0].name.split("/")[0], "split": parts[0].split, "backbone": backbone_spec,
-                     "checkpoint": str(cfg.options.checkpoint) if cfg.options.checkpoint else None,
+                     "checkpoint": str(cfg.options.get("checkpoint")) if cfg.options.get("checkpoint") else None,
                      "options": parts[0].options, "parts": {}, "chosen": {}, "submissions": []}
-    opts = cfg.options if cfg.slerp_alpha in (None, "val") else replace(cfg.options, slerp_alpha=float(cfg.slerp_alpha))
+    alpha_on_val = cfg.options.get("slerp_alpha") == "val"
     if cfg.options.backbone is not None and backbone_spec is not None:
         check_same_backbone(cfg.options.backbone, "the text tower", backbone_spec, "--backbone",
                             "build both from one spec")
-    fixed = {n: build_method(n, opts=opts) for n in cfg.methods if not (n == "slerp" and cfg.slerp_alpha == "val")}
+    fixed = {n: build_method(n, opts=cfg.options) for n in cfg.methods if not (n == "slerp" and alpha_on_val)}
     try:
         for bench in parts:
             feats = features(bench)
@@ -196,7 +196,7 @@ def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBench
 def _chosen_slerp(bench: CIRBenchmark, cfg: EvalConfig, chosen: dict) -> QueryMethod:
     alpha, _ = choose_alpha(*_val_part(bench, cfg, "slerp's alpha"))
     chosen[f"slerp alpha ({label(bench.name)})"] = alpha
-    return build_method("slerp", opts=replace(cfg.options, slerp_alpha=alpha))
+    return build_method("slerp", opts=cfg.options.replace(slerp_alpha=alpha))
 
 
 def _chord(name: str, method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, cfg: EvalConfig,

@@ -5,15 +5,16 @@
     method = build_method("pic2word", pic2word="runs/p2w", backbone=create_backbone(spec))
 
 Adding a method is one new file with a `QueryMethod` subclass plus one `METHODS.register` line below
-(docs/architecture.md shows it). Chord rescoring (any method) is an option of evaluation (`foco.eval.chord`);
-box anchoring (FoCo) is `QueryBatch.attn_bias` (`foco.model.box`).
+(docs/architecture.md shows it). What a method is built from, its weights folder included, it declares itself as
+`MethodOption`s (`QueryMethod.options`): `foco eval` offers them as flags, the provenance checks read the weights
+folders' records, and `SearchEngine` serves a trained method when its folders are given. Chord rescoring (any
+method) is an option of evaluation (`foco.eval.chord`); box anchoring (FoCo) is `QueryBatch.attn_bias`
+(`foco.model.box`).
 """
 from __future__ import annotations
 
-from dataclasses import replace
-
 from ..registry import Registry
-from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
 
 METHODS = Registry("method")
 METHODS.register("foco", "foco.methods.foco:FoCoMethod")
@@ -32,12 +33,49 @@ DEFAULT_METHODS = ("foco", "image", "text", "sum")
 
 
 def build_method(name: str, checkpoint=None, opts: MethodOptions | None = None, **options) -> QueryMethod:
-    """The method registered as `name`, built from `opts` with `checkpoint` and keyword `options` (fields of
-    `MethodOptions`) laid over it."""
+    """The method registered as `name`, built from `opts` with `checkpoint` and keyword `options` (values of the
+    methods' `MethodOption`s, by name, or `backbone`) laid over it. A value no registered method declares is
+    refused (a misspelt name would otherwise be dropped)."""
     opts = opts or MethodOptions()
     if checkpoint is not None:
         options["checkpoint"] = checkpoint
-    return METHODS.get(name).from_options(replace(opts, **options))
+    opts = opts.replace(**options)
+    unknown = sorted(set(opts.values) - set(declared_options()))
+    if unknown:
+        raise ValueError(f"no method declares the option(s) {', '.join(unknown)}; declared: "
+                         f"{', '.join(sorted(declared_options()))}")
+    return METHODS.get(name).from_options(opts)
+
+
+def declared_options() -> dict[str, tuple[MethodOption, tuple[str, ...]]]:
+    """Every registered method's `MethodOption`s by name, each with the methods that declare it. Two declarations
+    of one name must be one option (a subclass inherits its parent's)."""
+    out: dict[str, tuple[MethodOption, tuple[str, ...]]] = {}
+    for method in METHODS.names():
+        for opt in METHODS.get(method).options:
+            if opt.name in out and out[opt.name][0] != opt:
+                raise ValueError(f"method {method} declares option {opt.name!r} unlike "
+                                 f"{', '.join(out[opt.name][1])}: one name, one option")
+            if opt.name == "backbone":
+                raise ValueError(f"method {method} declares an option named 'backbone', which MethodOptions keeps "
+                                 "for the text tower; choose another name")
+            flags = {o.flag: n for n, (o, _) in out.items() if n != opt.name}
+            if opt.flag in flags:
+                raise ValueError(f"method {method}'s option {opt.name!r} takes the flag {opt.flag} of option "
+                                 f"{flags[opt.flag]!r}: one flag, one option")
+            out[opt.name] = (opt, out.get(opt.name, (opt, ()))[1] + (method,))
+    return out
+
+
+def served_weights() -> dict[str, tuple[MethodOption, tuple[str, ...]]]:
+    """The weights-folder options of the methods serving offers (`QueryMethod.served`), by name, each with those
+    methods: what `foco search` / `foco serve` take as flags and `SearchEngine.open` as keywords."""
+    out = {}
+    for name, (opt, owners) in declared_options().items():
+        served = tuple(m for m in owners if METHODS.get(m).served)
+        if opt.record and served:
+            out[name] = (opt, served)
+    return out
 
 
 def needs_text_tower(names) -> bool:
@@ -46,4 +84,4 @@ def needs_text_tower(names) -> bool:
 
 
 __all__ = ["METHODS", "DEFAULT_METHODS", "MethodOption", "MethodOptions", "QueryBatch", "QueryMethod", "build_method",
-           "needs_text_tower"]
+           "declared_options", "needs_text_tower", "require", "require_backbone", "served_weights"]

@@ -3,11 +3,13 @@
 A method turns a batch of (reference image, modification text) into normalised query vectors in the gallery's
 space. Every method composes from the same `QueryBatch`: cached reference features, cached text features and the
 raw texts. Methods that re-encode text (Pic2Word, FoCo with T_m decomposed) hold the backbone's text tower from
-their construction (`MethodOptions.backbone`), so no caller branches on the kind of method.
+their construction (`MethodOptions.backbone`), so no caller branches on the kind of method. Each method declares
+what it is built from as `MethodOption`s (its weights folder, its settings); the registry collects them for the
+command line, the provenance checks and serving.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
@@ -31,37 +33,71 @@ class QueryBatch:
     attn_bias: torch.Tensor | None = None  # (B, P) additive F_Aggr attention logits (box anchoring)
 
 
-@dataclass
-class MethodOptions:
-    """Everything a method may be built from; each method reads the fields it needs."""
-
-    checkpoint: Path | None = None  # FoCo checkpoint folder (foco.safetensors + foco.json)
-    foco_edits: Path | None = None  # a FoCo checkpoint trained with the edit stage (`foco train --edits`)
-    pic2word: Path | None = None  # Pic2Word mapper folder (`foco pic2word train`)
-    pact: Path | None = None  # PACT composer folder (`foco pact train`)
-    tscir: Path | None = None  # TSCIR composer folder (`foco tscir train`)
-    slerp_alpha: float = 0.5  # slerp's interpolation weight (0: image, 1: text)
-    backbone: "Backbone | None" = None  # the text tower, for methods with needs_text_tower
-    declared: dict[str, Any] = field(default_factory=dict)  # values of the methods' own `MethodOption`s, by name
-
-
 @dataclass(frozen=True)
 class MethodOption:
     """An option one method declares beside itself (`QueryMethod.options`), as a benchmark reader declares its
-    `ReaderOption`s: `foco eval` offers `--FLAG VALUE` for every method and hands the parsed value to the method as
-    `MethodOptions.declared[name]`; a value given to a method that is not evaluated is refused."""
+    `ReaderOption`s: `foco eval` offers `--FLAG VALUE` for every declared option and hands the parsed value to the
+    method as `MethodOptions.get(name)`.
 
-    name: str  # the key in MethodOptions.declared
+    An option with a `record` is a trained method's weights folder: `record` is the file in it that records the
+    backbone the weights were trained on. Every consumer checks that record against the features it is used with
+    (`check_trained_on`), and a folder given for a method that is not evaluated is still checked (and may name the
+    backbone, as `--checkpoint` does). Any other option given for a method that is not evaluated is refused, unless
+    it is not `strict` (parsed, then unused: `--slerp-alpha`, which every evaluation took before methods declared
+    their options)."""
+
+    name: str  # the key in MethodOptions
     flag: str  # the command-line flag
     help: str
     default: str | None = None  # as typed on the command line; None: the method's own default
     parse: Callable[[str], Any] = str
+    record: str | None = None  # a weights folder: the file in it that records its backbone (e.g. "foco.json")
+    strict: bool = True  # given for a method that is not evaluated: refused (True) or parsed and unused (False)
 
 
-# MethodOptions field -> (its flag, the file in the folder that records the backbone)
-_RECORDS = {"checkpoint": ("--checkpoint", "foco.json"), "foco_edits": ("--foco-edits", "foco.json"),
-            "pic2word": ("--pic2word", "pic2word.json"), "pact": ("--pact", "composer.json"),
-            "tscir": ("--tscir", "composer.json")}
+class MethodOptions:
+    """Everything a method may be built from: the values of the methods' own `MethodOption`s, by name, and the
+    backbone whose text tower the methods with `needs_text_tower` read text with. Each method reads the values it
+    declared; `build_method` refuses a name no registered method declares.
+
+        MethodOptions(checkpoint=Path("runs/foco"), backbone=bb)
+        opts.get("checkpoint")                  # a value, or None when not given
+        opts.replace(slerp_alpha=0.4)           # a copy with values laid over
+    """
+
+    def __init__(self, *, backbone: "Backbone | None" = None, **values: Any):
+        self.backbone = backbone
+        self.values = {k: v for k, v in values.items() if v is not None}  # None: not given
+
+    def get(self, name: str, default: Any = None) -> Any:
+        return self.values.get(name, default)
+
+    def replace(self, **values: Any) -> "MethodOptions":
+        backbone = values.pop("backbone", self.backbone)
+        return MethodOptions(backbone=backbone, **{**self.values, **values})
+
+    def __repr__(self) -> str:
+        return f"MethodOptions(backbone={self.backbone!r}, {self.values!r})"
+
+
+def require(opts: MethodOptions, option: MethodOption, method: str, how: str = "") -> Any:
+    """`option`'s value in `opts`, or a ValueError saying that `method` needs its flag (and `how` to get one)."""
+    value = opts.get(option.name)
+    if value is None:
+        raise ValueError(f"method {method} needs {option.flag} ({option.help})" + (f"; {how}" if how else ""))
+    return value
+
+
+def require_backbone(opts: MethodOptions, method: str, why: str) -> "Backbone":
+    if opts.backbone is None:
+        raise ValueError(f"method {method} {why} and needs --backbone (or a trained method's folder that records it)")
+    return opts.backbone
+
+
+def weights_options() -> dict[str, MethodOption]:
+    """Every registered method's weights-folder options (those with a `record`), by name."""
+    from . import declared_options
+    return {name: opt for name, (opt, _) in declared_options().items() if opt.record}
 
 
 def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
@@ -69,15 +105,28 @@ def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
     trained on features of that backbone, and must be used on features of the same."""
     from ..utils.io import read_json
     out = []
-    for name, (flag, config) in _RECORDS.items():
-        folder = getattr(opts, name)
-        if folder is None or not (Path(folder) / config).is_file():
+    for name, opt in weights_options().items():
+        folder = opts.get(name)
+        if folder is None:
             continue
-        meta = read_json(Path(folder) / config)
+        if not (Path(folder) / opt.record).is_file():
+            raise FileNotFoundError(f"{opt.flag} {folder}: no {opt.record} there ({opt.help} holds one); check "
+                                    f"the path given to {opt.flag}")
+        meta = read_json(Path(folder) / opt.record)
         recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
         if recorded is not None:
-            out.append((flag, Path(folder), recorded))
+            out.append((opt.flag, Path(folder), recorded))
     return out
+
+
+def recorded_spec(opts: MethodOptions) -> str | None:
+    """The backbone spec the first given weights folder records (in the methods' registry order), or None: the
+    default backbone when none is named."""
+    for _, _, recorded in recorded_backbones(opts):
+        spec = recorded.get("spec") if isinstance(recorded, dict) else recorded
+        if isinstance(spec, str):
+            return spec
+    return None
 
 
 def check_trained_on(opts: MethodOptions, backbone, what: str, fix: str) -> None:
@@ -100,6 +149,7 @@ class QueryMethod:
     needs_text_tower: ClassVar[bool] = False
     reads_anchor: ClassVar[bool] = False
     options: ClassVar[tuple[MethodOption, ...]] = ()  # the method's own options (`MethodOption`)
+    served: ClassVar[bool] = True  # offered by `foco serve` / `foco search` when its weights folders are given
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "QueryMethod":

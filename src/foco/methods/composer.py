@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from ..backbones.tunable import TextTuneConfig, TunableText, tunable_text
 from ..model.encoder import ComposedQuery
 from ..utils.io import atomic_write_bytes, atomic_write_text, read_json
-from .base import MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
 from .pic2word import Pic2WordConfig, Pic2WordMapper
 
 CONFIG, MAPPER, TEXT = "composer.json", "mapper.safetensors", "text.safetensors"
@@ -136,6 +136,7 @@ class ComposerMethod(QueryMethod):
     """A trained `TextComposer` as a retrieval method; `name` is the checkpoint's method ("pact" or "tscir")."""
 
     needs_text_tower = True
+    served = False  # serving keeps the patches for FoCo's family only, and the composers' mappers read them
     name = ""
 
     def __init__(self, composer: TextComposer):
@@ -143,12 +144,9 @@ class ComposerMethod(QueryMethod):
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "ComposerMethod":
-        path = getattr(opts, cls.name, None)
-        if path is None:
-            raise ValueError(f"method {cls.name} needs --{cls.name} DIR (train one with `foco {cls.name} train`)")
-        if opts.backbone is None:
-            raise ValueError(f"method {cls.name} reads its query with the text tower and needs --backbone")
-        return cls(TextComposer.load(path, opts.backbone, expect=cls.name))
+        path = require(opts, cls.options[0], cls.name)
+        backbone = require_backbone(opts, cls.name, "reads its query with the text tower")
+        return cls(TextComposer.load(path, backbone, expect=cls.name))
 
     @torch.no_grad()
     def encode(self, batch: QueryBatch) -> ComposedQuery:
@@ -158,7 +156,9 @@ class ComposerMethod(QueryMethod):
 
 class PACTMethod(ComposerMethod):
     name = "pact"
+    options = (MethodOption("pact", "--pact", "a folder of `foco pact train`", parse=Path, record="composer.json"),)
 
 
 class TSCIRMethod(ComposerMethod):
     name = "tscir"
+    options = (MethodOption("tscir", "--tscir", "a folder of `foco tscir train`", parse=Path, record="composer.json"),)

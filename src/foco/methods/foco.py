@@ -8,13 +8,19 @@ from typing import ClassVar
 import torch
 
 from ..model.encoder import ComposedQuery, ComposedQueryEncoder
-from .base import MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
+
+CHECKPOINT = MethodOption("checkpoint", "--checkpoint", "a FoCo checkpoint folder of `foco train`", parse=Path,
+                          record="foco.json")
+EDITS_CHECKPOINT = MethodOption("foco_edits", "--foco-edits", "a checkpoint of `foco train --edits`", parse=Path,
+                                record="foco.json")
 
 
 class FoCoMethod(QueryMethod):
     """A trained FoCo checkpoint. Reads `QueryBatch.anchor` (T_m decomposed) and `attn_bias` (box anchoring)."""
 
     reads_anchor = True
+    options = (CHECKPOINT,)
 
     def __init__(self, checkpoint: str | Path | ComposedQueryEncoder):
         """`checkpoint`: a checkpoint folder, or a model in memory (e.g. one being trained)."""
@@ -23,9 +29,7 @@ class FoCoMethod(QueryMethod):
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "FoCoMethod":
-        if opts.checkpoint is None:
-            raise ValueError("method 'foco' needs --checkpoint")
-        return cls(opts.checkpoint)
+        return cls(require(opts, CHECKPOINT, "foco"))
 
     @torch.inference_mode()
     def encode(self, batch: QueryBatch) -> ComposedQuery:
@@ -35,11 +39,11 @@ class FoCoMethod(QueryMethod):
 class FoCoEdits(FoCoMethod):
     """FoCo trained with the edit stage (foco-edits; not in the FoCo paper), side by side with the paper's FoCo."""
 
+    options = (EDITS_CHECKPOINT,)
+
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "FoCoEdits":
-        if opts.foco_edits is None:
-            raise ValueError("method 'foco-edits' needs --foco-edits DIR (a checkpoint of `foco train --edits`)")
-        return cls(opts.foco_edits)
+        return cls(require(opts, EDITS_CHECKPOINT, "foco-edits"))
 
 
 class DecomposedFoCo(FoCoMethod):
@@ -47,6 +51,7 @@ class DecomposedFoCo(FoCoMethod):
     by the backbone's text tower; the context stays T_m. Subclasses name the decomposer."""
 
     needs_text_tower = True
+    served = False  # serving does not decompose T_m
     decomposer_name: ClassVar[str] = ""
 
     def __init__(self, checkpoint: str | Path, backbone):
@@ -57,12 +62,9 @@ class DecomposedFoCo(FoCoMethod):
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "DecomposedFoCo":
-        if opts.checkpoint is None:
-            raise ValueError(f"method 'foco+{cls.decomposer_name}' needs --checkpoint")
-        if opts.backbone is None:
-            raise ValueError(f"method 'foco+{cls.decomposer_name}' encodes its anchors with the text tower and needs "
-                             "--backbone (or a FoCo checkpoint that records it)")
-        return cls(opts.checkpoint, opts.backbone)
+        name = f"foco+{cls.decomposer_name}"
+        backbone = require_backbone(opts, name, "encodes its anchors with the text tower")
+        return cls(require(opts, CHECKPOINT, name), backbone)
 
     @torch.inference_mode()
     def encode(self, batch: QueryBatch) -> ComposedQuery:

@@ -34,7 +34,7 @@ import torch.nn as nn
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..model.encoder import ComposedQuery
 from ..utils.io import atomic_write_bytes, atomic_write_text, read_json
-from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
 
 WEIGHTS, CONFIG = "pic2word.safetensors", "pic2word.json"
 
@@ -137,12 +137,16 @@ class Pic2WordMapper(nn.Module):
         return mapper.eval()
 
 
+MAPPER = MethodOption("pic2word", "--pic2word", "a Pic2Word mapper folder of `foco pic2word train`", parse=Path,
+                      record="pic2word.json")
+
+
 class Pic2WordMethod(QueryMethod):
     """Composed queries from a trained mapper: text feature of `query_template` with * = phi(v_reference), the
     modification text in place of {}. Holds the backbone whose text tower reads the template."""
 
     needs_text_tower = True
-    options = (MethodOption("query_template", "--pic2word-template",
+    options = (MAPPER, MethodOption("query_template", "--pic2word-template",
                             "the query template: " + ", ".join(f"{k} ({v!r})" for k, v in TEMPLATES.items()) +
                             ", or a text with * and {} (default: the one the mapper records)"),)
 
@@ -159,12 +163,9 @@ class Pic2WordMethod(QueryMethod):
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "Pic2WordMethod":
-        if opts.pic2word is None:
-            raise ValueError("method pic2word needs --pic2word DIR (train one with `foco pic2word train`)")
-        if opts.backbone is None:
-            raise ValueError("method pic2word reads its query with the text tower and needs --backbone (or a FoCo "
-                             "checkpoint that records it)")
-        return cls.load(opts.pic2word, opts.backbone, opts.declared.get("query_template"))
+        folder = require(opts, MAPPER, "pic2word")
+        backbone = require_backbone(opts, "pic2word", "reads its query with the text tower")
+        return cls.load(folder, backbone, opts.get("query_template"))
 
     def prompts(self, modifications: Sequence[str]) -> list[str]:
         return [self.template.format(m) for m in modifications]

@@ -8,14 +8,37 @@ the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark
 This is the training-free part of SlerpTAT only: the paper also tunes the image encoder with LoRA, against the
 frozen text encoder (text-anchored tuning); that tuning is not done here, so these numbers are a lower bound of
 SlerpTAT with the same backbone.
+
+`--slerp-alpha` (`ALPHA`) is a number, or `val`: evaluation then chooses alpha on the val split (`foco.eval`).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
 
 from ..model.encoder import ComposedQuery
-from .base import MethodOptions, QueryBatch, QueryMethod
+from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
+
+DEFAULT_ALPHA = 0.5  # where no alpha is given or chosen (serving)
+
+
+def alpha_or_val(v: str) -> float | str:
+    """A finite alpha in [0, 1], or "val" (chosen on the val split)."""
+    if v == "val":
+        return v
+    try:
+        x = float(v)
+    except ValueError:
+        raise ValueError(f"--slerp-alpha: expected a finite number in [0, 1] or 'val', got {v!r}") from None
+    if not math.isfinite(x) or not 0.0 <= x <= 1.0:
+        raise ValueError(f"--slerp-alpha: expected a finite number in [0, 1] or 'val', got {v!r}")
+    return x
+
+
+ALPHA = MethodOption("slerp_alpha", "--slerp-alpha", "slerp's alpha (0: image, 1: text), or 'val' to choose it on "
+                     "the val split", default="val", parse=alpha_or_val, strict=False)
 
 
 def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> torch.Tensor:
@@ -35,14 +58,20 @@ def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> 
 class SlerpMethod(QueryMethod):
     """slerp(reference global, modification global, alpha)."""
 
-    def __init__(self, alpha: float = 0.5):
+    options = (ALPHA,)
+
+    def __init__(self, alpha: float = DEFAULT_ALPHA):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"alpha must be in [0, 1], got {alpha}")
         self.alpha = alpha
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "SlerpMethod":
-        return cls(float(opts.slerp_alpha))
+        alpha = opts.get(ALPHA.name, DEFAULT_ALPHA)
+        if alpha == "val":
+            raise ValueError("slerp's alpha 'val' is chosen on the val split by evaluation (`foco.eval.evaluate`); "
+                             "build the method with a number")
+        return cls(float(alpha))
 
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         return ComposedQuery(slerp(batch.reference.global_, batch.modification.global_, self.alpha), attention=None,

@@ -28,7 +28,7 @@ from PIL import Image
 
 from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
-from ..methods import METHODS, MethodOptions, QueryBatch, build_method
+from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_weights
 from ..methods.base import check_trained_on
 from ..utils.text import first_control
 from ..model.box import box_attention_bias, patch_grid
@@ -101,10 +101,17 @@ class SearchEngine:
         self._methods: dict[str, object] = {}
 
     @classmethod
-    def open(cls, folder: str | Path, checkpoint: str | Path | None = None, pic2word: str | Path | None = None,
-             foco_edits: str | Path | None = None, limits: Limits = Limits(), box_beta: float = DEFAULT_BOX_BETA,
-             device: str = "cpu") -> "SearchEngine":
+    def open(cls, folder: str | Path, *, limits: Limits = Limits(), box_beta: float = DEFAULT_BOX_BETA,
+             device: str = "cpu", **weights: str | Path | None) -> "SearchEngine":
+        """`weights`: the served methods' weights folders by option name (`checkpoint=`, `foco_edits=`,
+        `pic2word=`, ...: `MethodOption`s with a record); each is checked against the index's backbone."""
         folder = Path(folder)
+        weights = {k: v for k, v in weights.items() if v not in (None, "")}  # "" (an empty shell variable): not given
+        served = served_weights()
+        unknown = sorted(k for k in weights if k not in served)
+        if unknown:
+            raise ValueError(f"no served method takes the weights {', '.join(unknown)}; served: "
+                             f"{', '.join(sorted(served))}")
         if not (folder / "index.json").is_file():
             raise FileNotFoundError(f"{folder} is not an index (no index.json); make one with `foco index build`")
         meta = read_json(folder / "index.json")
@@ -116,9 +123,7 @@ class SearchEngine:
         fix = "build an index with that backbone (`foco index build --backbone ...`)"
         check_same_backbone(backbone, f"the backbone at {meta['backbone']} now", indexed, f"the index {folder}",
                             "rebuild the index into a new --out (`foco index build`)")
-        opts = MethodOptions(checkpoint=Path(checkpoint) if checkpoint else None,
-                             pic2word=Path(pic2word) if pic2word else None,
-                             foco_edits=Path(foco_edits) if foco_edits else None, backbone=backbone)
+        opts = MethodOptions(backbone=backbone, **{k: Path(v) for k, v in weights.items()})
         check_trained_on(opts, indexed, f"the index {folder}", fix)
         vec = meta.get("vectors") or {}
         index = load_vector_index(folder / "vectors.faiss", ivf=vec.get("nlist") is not None,
@@ -149,21 +154,23 @@ class SearchEngine:
         return path
 
     def available_methods(self) -> list[str]:
-        """Methods this server can run: the training-free ones, and those whose weights were given."""
-        names = ["slerp", "sum", "image", "text"]
-        if self.options.checkpoint is not None:
-            names.insert(0, "foco")
-        if self.options.foco_edits is not None:
-            names.insert(1 if self.options.checkpoint is not None else 0, "foco-edits")
-        if self.options.pic2word is not None:
-            names.append("pic2word")
-        return names
+        """Methods this server can run, each in the registry's order: the served ones whose weights folders were
+        given and that read the reference's patches (FoCo's family, which the box steers), then the training-free
+        ones, then the other trained ones. The first is the server's default method."""
+        patches, free, other = [], [], []
+        for name in METHODS.names():
+            cls = METHODS.get(name)
+            weights = [o.name for o in cls.options if o.record]
+            if cls.served and all(self.options.get(w) is not None for w in weights):
+                (free if not weights else patches if cls.reads_anchor else other).append(name)
+        return patches + free + other
 
     # --- queries ---------------------------------------------------------------------------------------------
     def _method(self, name: str):
         if name not in self.available_methods():
+            need = [o.flag for o in METHODS.get(name).options if o.record] if name in METHODS.names() else []
             raise QueryError(f"method {name!r} is not available here; choose from {self.available_methods()}"
-                             + (" (foco needs --checkpoint)" if name in ("foco", "foco-edits") else ""))
+                             + (f" ({name} needs {' '.join(need)})" if need and METHODS.get(name).served else ""))
         if name not in self._methods:
             self._methods[name] = build_method(name, opts=self.options)
         return self._methods[name]
