@@ -63,3 +63,16 @@ def eval_features(tiny_world, train_features, tmp_path_factory):
     for protocol in ("single", "multi"):
         extract_world_split(backbone, tiny_world, f"test/{protocol}", root / f"test-{protocol}")
     return root
+
+
+@pytest.fixture(scope="session")
+def four_image_index(tiny_world, tmp_path_factory):
+    """An index of 4 of the tiny world's images with world:pretrained, built once per session; open it read-only."""
+    import shutil
+    from foco.search.build import IndexConfig, build_index
+    root = tmp_path_factory.mktemp("four-image-index")
+    (root / "imgs").mkdir()
+    for p in sorted((tiny_world / "images").rglob("*.png"))[:4]:
+        shutil.copy(p, root / "imgs" / p.name)
+    build_index(IndexConfig(images=str(root / "imgs"), backbone="world:pretrained"), root / "idx")
+    return root / "idx"

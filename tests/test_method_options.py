@@ -3,7 +3,6 @@ class plus one registry line, and `foco eval`, the provenance checks and serving
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -123,29 +122,24 @@ def test_a_weights_folder_without_its_record_is_refused_by_name(toy, tiny_world,
     assert "--toy-weights" in err and "toy.json" in err
 
 
-def test_serving_offers_a_new_method_once_its_weights_are_given(toy, tiny_world, tmp_path):
-    from foco.search.build import IndexConfig, build_index
+def test_serving_offers_a_new_method_once_its_weights_are_given(toy, four_image_index, tmp_path):
     from foco.search.engine import Query, SearchEngine
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    for p in sorted((tiny_world / "images").rglob("*.png"))[:4]:
-        shutil.copy(p, folder / p.name)
-    build_index(IndexConfig(images=str(folder), backbone="world:pretrained"), tmp_path / "idx")
-    assert "toy" not in SearchEngine.open(tmp_path / "idx").available_methods()
+    idx = four_image_index
+    assert "toy" not in SearchEngine.open(idx).available_methods()
     weights = _save(tmp_path / "toy", torch.eye(256), "world:pretrained")
-    engine = SearchEngine.open(tmp_path / "idx", toy_weights=weights)
+    engine = SearchEngine.open(idx, toy_weights=weights)
     # served after the training-free ones: it does not read the patches the box steers (FoCo's family comes first)
     assert engine.available_methods() == ["slerp", "image", "text", "sum", "toy"]
     got = engine.search(Query(text="make the circle blue", reference=engine.page(0, 1)[0].id, method="toy", k=3))
     text = engine.search(Query(text="make the circle blue", reference=engine.page(0, 1)[0].id, method="text", k=3))
     assert [h.id for h in got.hits] == [h.id for h in text.hits]
     with pytest.raises(ValueError, match="no served method takes the weights toy_weight"):
-        SearchEngine.open(tmp_path / "idx", toy_weight=weights)
+        SearchEngine.open(idx, toy_weight=weights)
     other = _save(tmp_path / "toy-other", torch.eye(256), "world:/elsewhere/another-backbone")
     with pytest.raises(ValueError, match="backbones differ.*--toy-weights"):
-        SearchEngine.open(tmp_path / "idx", toy_weights=other)
-    assert SearchEngine.open(tmp_path / "idx", toy_weights="").available_methods() == \
-        SearchEngine.open(tmp_path / "idx").available_methods()  # an empty flag is not given
+        SearchEngine.open(idx, toy_weights=other)
+    assert SearchEngine.open(idx, toy_weights="").available_methods() == \
+        SearchEngine.open(idx).available_methods()  # an empty flag is not given
 
 
 def test_build_method_refuses_an_option_no_method_declares():

@@ -117,17 +117,11 @@ def test_a_cache_refuses_the_same_spec_with_other_weights(tiny_world, tmp_path):
         extract_images(create_backbone(f"world:{tmp_path / 'bb'}"), images, tmp_path / "c")
 
 
-def test_an_index_refuses_a_checkpoint_of_another_backbone(tiny_world, other_backbone, tmp_path):
-    from foco.search.build import IndexConfig, build_index
+def test_an_index_refuses_a_checkpoint_of_another_backbone(four_image_index, other_backbone, tmp_path):
     from foco.search.engine import SearchEngine
-    folder = tmp_path / "imgs"
-    folder.mkdir()
-    for p in sorted((tiny_world / "images").rglob("*.png"))[:4]:
-        shutil.copy(p, folder / p.name)
-    build_index(IndexConfig(images=str(folder), backbone="world:pretrained"), tmp_path / "idx")
     ckpt = _checkpoint(tmp_path / "ck", f"world:{other_backbone}")
     with pytest.raises(ValueError, match="backbones differ.*--checkpoint"):
-        SearchEngine.open(tmp_path / "idx", checkpoint=ckpt)
+        SearchEngine.open(four_image_index, checkpoint=ckpt)
 
 
 # --- resuming with changed settings -------------------------------------------------------------------------------

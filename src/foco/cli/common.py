@@ -148,17 +148,15 @@ def setting_list(v: str) -> list[str]:
     return names
 
 
-def float_or_val(v: str | None) -> float | str | None:
-    """A number, or "val" (choose it on the val split), or None."""
-    if v is None or v == "val":
-        return v
-    try:
-        x = float(v)
-    except ValueError:
-        raise ValueError(f"expected a number or 'val', got {v!r}") from None
-    if not math.isfinite(x):
-        raise ValueError(f"expected a finite number or 'val', got {v!r}")
-    return x
+def float_or_val(v: str | None, flag: str) -> float | str | None:
+    """A finite number, or "val" (choose it on the val split), or None."""
+    from ..utils.parse import number_or_word
+    return None if v is None else number_or_word(v, "val", flag)
+
+
+def flag_dest(flag: str) -> str:
+    """argparse's attribute name of `flag` ("--foco-edits" -> "foco_edits")."""
+    return flag.lstrip("-").replace("-", "_")
 
 
 def add_decomposition_args(p: argparse.ArgumentParser) -> None:

@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_device_arg, check_writable, float_or_val, positive_int
+from .common import add_device_arg, check_writable, flag_dest, float_or_val, positive_int
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -24,7 +24,7 @@ def _reader_options(a: argparse.Namespace, name: str) -> dict:
     options = {}
     for other in BENCHMARKS.names():
         for opt in BENCHMARKS.get(other).options:
-            value = getattr(a, _dest(opt.flag))
+            value = getattr(a, flag_dest(opt.flag))
             if other == name:
                 options[opt.name] = None if value is None else opt.parse(value)
             elif value != opt.default:
@@ -41,7 +41,7 @@ def _method_options(a: argparse.Namespace, methods: tuple[str, ...]) -> dict:
         METHODS.get(name)  # an unknown name is refused here, with the registered names
     values = {}
     for key, (opt, owners) in declared_options().items():
-        value = getattr(a, _dest(opt.flag))
+        value = getattr(a, flag_dest(opt.flag))
         if opt.record is None and not set(owners) & set(methods):
             if value != opt.default and opt.strict:
                 raise ValueError(f"{opt.flag} is an option of method {', '.join(owners)}, which --methods does not "
@@ -52,10 +52,6 @@ def _method_options(a: argparse.Namespace, methods: tuple[str, ...]) -> dict:
         if value is not None and not (opt.record and value == ""):  # an empty folder flag: not given
             values[key] = opt.parse(value)
     return values
-
-
-def _dest(flag: str) -> str:
-    return flag.lstrip("-").replace("-", "_")
 
 
 def _target(a: argparse.Namespace) -> tuple[str, str, str]:
@@ -118,8 +114,8 @@ def _eval(a: argparse.Namespace) -> int:
         from ..utils.device import resolve_device
         backbone = create_backbone(spec, device=str(resolve_device(a.device)))
     features, val = _sources(a, name, root, split, options, spec, backbone)
-    cfg = EvalConfig(methods=methods, chord=float_or_val(a.chord), chord_shortlist=a.chord_shortlist, val=val,
-                     by_category=a.by_category, options=method_options.replace(backbone=backbone),
+    cfg = EvalConfig(methods=methods, chord=float_or_val(a.chord, "--chord"), chord_shortlist=a.chord_shortlist,
+                     val=val, by_category=a.by_category, options=method_options.replace(backbone=backbone),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
     results = evaluate(parts, features, cfg, backbone_spec=a.backbone if a.features else spec)

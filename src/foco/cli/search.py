@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from .common import add_owned_output, add_device_arg, finite_float, nonneg_float, positive_int
+from .common import add_owned_output, add_device_arg, finite_float, flag_dest, nonneg_float, positive_int
 
 
 def _index_build(a: argparse.Namespace) -> int:
@@ -131,7 +131,7 @@ def _serve(a: argparse.Namespace) -> int:
 def _weights(a: argparse.Namespace) -> dict:
     """The given weights folders of the served methods, by option name (what `SearchEngine.open` takes)."""
     from ..methods import served_weights
-    return {name: getattr(a, opt.flag.lstrip("-").replace("-", "_")) for name, (opt, _) in served_weights().items()}
+    return {name: getattr(a, flag_dest(opt.flag)) for name, (opt, _) in served_weights().items()}
 
 
 def _method_args(p: argparse.ArgumentParser) -> None:

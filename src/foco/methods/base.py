@@ -80,11 +80,11 @@ class MethodOptions:
         return f"MethodOptions(backbone={self.backbone!r}, {self.values!r})"
 
 
-def require(opts: MethodOptions, option: MethodOption, method: str, how: str = "") -> Any:
-    """`option`'s value in `opts`, or a ValueError saying that `method` needs its flag (and `how` to get one)."""
+def require(opts: MethodOptions, option: MethodOption, method: str) -> Any:
+    """`option`'s value in `opts`, or a ValueError saying that `method` needs its flag (and what it is)."""
     value = opts.get(option.name)
     if value is None:
-        raise ValueError(f"method {method} needs {option.flag} ({option.help})" + (f"; {how}" if how else ""))
+        raise ValueError(f"method {method} needs {option.flag} ({option.help})")
     return value
 
 

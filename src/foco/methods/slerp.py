@@ -13,12 +13,11 @@ SlerpTAT with the same backbone.
 """
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 
 from ..model.encoder import ComposedQuery
+from ..utils.parse import number_or_word
 from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
 
 DEFAULT_ALPHA = 0.5  # where no alpha is given or chosen (serving)
@@ -26,15 +25,7 @@ DEFAULT_ALPHA = 0.5  # where no alpha is given or chosen (serving)
 
 def alpha_or_val(v: str) -> float | str:
     """A finite alpha in [0, 1], or "val" (chosen on the val split)."""
-    if v == "val":
-        return v
-    try:
-        x = float(v)
-    except ValueError:
-        raise ValueError(f"--slerp-alpha: expected a finite number in [0, 1] or 'val', got {v!r}") from None
-    if not math.isfinite(x) or not 0.0 <= x <= 1.0:
-        raise ValueError(f"--slerp-alpha: expected a finite number in [0, 1] or 'val', got {v!r}")
-    return x
+    return number_or_word(v, "val", "--slerp-alpha", 0.0, 1.0)
 
 
 ALPHA = MethodOption("slerp_alpha", "--slerp-alpha", "slerp's alpha (0: image, 1: text), or 'val' to choose it on "

@@ -99,6 +99,7 @@ class SearchEngine:
         self.refine = int((meta.get("vectors") or {}).get("refine") or 0)  # PQ: shortlist factor, re-ranked exactly
         self._lock = threading.RLock()  # the model's forward, one at a time
         self._methods: dict[str, object] = {}
+        self._available = self._served(options)  # fixed by the weights given: not recomputed per query
 
     @classmethod
     def open(cls, folder: str | Path, *, limits: Limits = Limits(), box_beta: float = DEFAULT_BOX_BETA,
@@ -157,13 +158,17 @@ class SearchEngine:
         """Methods this server can run, each in the registry's order: the served ones whose weights folders were
         given and that read the reference's patches (FoCo's family, which the box steers), then the training-free
         ones, then the other trained ones. The first is the server's default method."""
+        return list(self._available)
+
+    @staticmethod
+    def _served(options: MethodOptions) -> tuple[str, ...]:
         patches, free, other = [], [], []
         for name in METHODS.names():
             cls = METHODS.get(name)
             weights = [o.name for o in cls.options if o.record]
-            if cls.served and all(self.options.get(w) is not None for w in weights):
+            if cls.served and all(options.get(w) is not None for w in weights):
                 (free if not weights else patches if cls.reads_anchor else other).append(name)
-        return patches + free + other
+        return tuple(patches + free + other)
 
     # --- queries ---------------------------------------------------------------------------------------------
     def _method(self, name: str):

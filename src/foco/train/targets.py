@@ -74,12 +74,5 @@ def match_targets(target_text: torch.Tensor, images: torch.Tensor, source: torch
 
 def parse_threshold(value: str) -> float | str:
     """--target-threshold: "auto" or a cosine in [-1, 1]."""
-    if value == "auto":
-        return value
-    try:
-        t = float(value)
-    except ValueError:
-        raise ValueError(f"--target-threshold must be 'auto' or a cosine, got {value!r}") from None
-    if not -1.0 <= t <= 1.0:
-        raise ValueError(f"--target-threshold {t} is not a cosine in [-1, 1]")
-    return t
+    from ..utils.parse import number_or_word
+    return number_or_word(value, "auto", "--target-threshold", -1.0, 1.0)
