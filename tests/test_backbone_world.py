@@ -44,6 +44,7 @@ def test_bad_specs_are_refused(tmp_path):
         create_backbone(f"world:{tmp_path}")
 
 
+@pytest.mark.slow
 def test_train_entry_point_learns_and_resumes(tmp_path, tiny_world):
     cfg = BackboneTrainConfig(epochs=2, batch_size=64, model=SMALL, lr=3e-3)
     out = tmp_path / "bb"

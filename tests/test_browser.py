@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -30,14 +29,8 @@ def _chromium() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tiny_world, tmp_path_factory):
+def server(tiny_world, tmp_path_factory, free_port):
     pytest.importorskip("faiss")
     pytest.importorskip("fastapi")
     from foco.model import ComposedQueryEncoder, FoCoConfig
@@ -47,7 +40,7 @@ def server(tiny_world, tmp_path_factory):
                 base / "index")
     torch.manual_seed(0)
     ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "foco", "serve", "--index", str(base / "index"), "--checkpoint",
                              str(base / "foco"), "--port", str(port)], stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -70,6 +63,7 @@ def server(tiny_world, tmp_path_factory):
     proc.wait(timeout=30)
 
 
+@pytest.mark.slow
 def test_the_page_searches_and_the_box_changes_the_results(server):
     chromium = _chromium()
     if chromium is None:

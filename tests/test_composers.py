@@ -87,6 +87,7 @@ def _hits(queries: torch.Tensor, keys: torch.Tensor) -> float:
     return (torch.argmax(queries @ keys.t(), 1) == torch.arange(len(keys))).float().mean().item()
 
 
+@pytest.mark.slow
 def test_pact_trains_beats_chance_and_reloads(edit_table, train_features, tmp_path):  # noqa: F811
     from foco import create_backbone
     from foco.features import FeatureCache
@@ -131,6 +132,7 @@ def _spread_table(D: int, P: int, n: int = 256):
                      torch.arange(n), torch.full((n,), -1))
 
 
+@pytest.mark.slow
 def test_tscir_maps_then_composes_on_retrieved_targets(clip_dir, tmp_path):  # noqa: F811
     """On the tiny random hf CLIP (LoRA in stage 2): the targets are found by retrieval, stage 1 learns the mapping
     (the frozen text tower's "a photo of *" finds its own image far above chance), stage 2 lowers its loss."""

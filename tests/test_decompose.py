@@ -205,6 +205,7 @@ def test_store_exactly_once_and_lookup(tmp_path, rule):
         DecompositionStore(tmp_path / "junk.sqlite")
 
 
+@pytest.mark.slow
 def test_kill_and_restart_loses_and_duplicates_nothing(tmp_path):
     caps = [f"a red circle{i} and a blue square{i}" for i in range(120)]
     inp = tmp_path / "caps.jsonl"

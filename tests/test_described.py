@@ -117,6 +117,7 @@ def test_another_share_edits_and_other_worlds_are_refused_by_name(world, tmp_pat
         load_benchmark(world, "test", "described")
 
 
+@pytest.mark.slow
 def test_eval_reads_it_and_the_cirr_export_gives_the_same_numbers(world, tmp_path, capsys):
     assert main(["world", "describe", "--world", str(world), "--share", "1.0"]) == 0
     feats = tmp_path / "f"

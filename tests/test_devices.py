@@ -211,6 +211,7 @@ def test_cuda_extraction_writes_what_the_cpu_writes(tiny_world, tmp_path):
     assert a[0] == b[0] and torch.allclose(a[1].global_, b[1].global_, atol=2e-3)
 
 
+@pytest.mark.slow
 def test_every_trainer_runs_with_device_cpu_and_makes_its_tensors_on_it(recorder, tiny_world, train_features,  # noqa: F811
                                                                        tmp_path):
     """Every trainer, from the command line with an explicit --device cpu, under the FactoryRecorder: FoCo's

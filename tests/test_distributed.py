@@ -159,6 +159,7 @@ def _weights(folder: Path) -> dict:
     return load_file(str(folder / "foco.safetensors"))
 
 
+@pytest.mark.slow
 def test_a_short_two_rank_run_reaches_the_single_process_weights(tmp_path):
     train_foco(_table(128), tmp_path / "one", CFG)
     mp.start_processes(_train_worker, args=(2, _rendezvous(tmp_path), str(tmp_path / "two"), False, None, 60), nprocs=2,
@@ -173,6 +174,7 @@ def test_a_short_two_rank_run_reaches_the_single_process_weights(tmp_path):
     assert found == [], "\n".join(sorted(set(found)))
 
 
+@pytest.mark.slow
 def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
     import time
     ctx = mp.get_context("spawn")
@@ -239,6 +241,7 @@ def _p2w_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     _finish(rank, world)
 
 
+@pytest.mark.slow
 def test_pic2word_on_two_ranks_matches_one_process(tmp_path):
     """Pic2Word's texts come out of the trained mapper, so they are gathered with their gradient."""
     import json
@@ -309,6 +312,7 @@ def test_the_edit_stage_on_two_ranks_matches_one_process(tmp_path):
             assert torch.allclose(got[name], p.grad, atol=1e-5, rtol=0), (name, (got[name] - p.grad).abs().max())
 
 
+@pytest.mark.slow
 def test_compile_trains_to_the_same_weights(tmp_path):
     """--compile (for GPUs) runs the same losses through torch.compile; the weights stay the model's. The test
     traces with the aot_eager backend (dynamo capture and AOTAutograd, the whole graph path without code generation):
@@ -344,6 +348,7 @@ def _local_worker(rank: int, world: int, rendezvous: str, out: str, epochs: int,
     _finish(rank, world)
 
 
+@pytest.mark.slow
 def test_ranks_on_their_own_data_take_equal_steps_and_resume_the_same_orders(tmp_path):
     """`foco train --in` under torchrun: each rank reads its own feature shards (a local phase). Every rank takes
     B/N of its own examples per step, all take the fewest steps any rank's data allows, their orders differ, and a

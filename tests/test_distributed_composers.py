@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 import torch
 import torch.multiprocessing as mp
 import torch.nn.functional as F
@@ -101,6 +102,7 @@ def _halves(text):
     text.forward = chunked
 
 
+@pytest.mark.slow
 def test_composer_phases_on_two_ranks_match_one_process(tmp_path):
     from safetensors.torch import load_file
     from foco.train.distributed import DistEnv
@@ -124,6 +126,7 @@ def test_composer_phases_on_two_ranks_match_one_process(tmp_path):
                                                                                   (got[name] - want[name]).abs().max())
 
 
+@pytest.mark.slow
 def test_tscir_trains_under_torchrun(tiny_world, train_features, tmp_path):  # noqa: F811
     """The command itself: `torchrun --nproc_per_node 2 -m foco tscir train` ends with one checkpoint, written by
     rank 0, that loads. TSCIR wraps the composer in DDP again at its second stage; `foco pact train` goes through

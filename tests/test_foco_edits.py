@@ -86,6 +86,7 @@ def _target_hits(model, table, n=512) -> float:
     return (torch.argmax(h @ b.target.t(), 1) == idx).float().mean().item()
 
 
+@pytest.mark.slow
 def test_foco_edits_learns_and_resumes_into_the_new_stage(tiny_world, train_features, edit_table, tmp_path):  # noqa: F811
     straight = _train(train_features, tiny_world, tmp_path / "straight", 4, edit_table)
     log = [json.loads(line) for line in (tmp_path / "straight" / "train_log.jsonl").read_text().splitlines()]

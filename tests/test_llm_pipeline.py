@@ -81,6 +81,7 @@ def test_faults_under_load_store_every_caption_once_and_the_counts_add_up(tmp_pa
     assert f"flagged (fallback used): {flagged} now" in printed
 
 
+@pytest.mark.slow
 def test_sigkill_at_concurrency_256_loses_and_repeats_nothing(tmp_path):
     n = 3000
     inp = _captions(tmp_path / "caps.jsonl", n)

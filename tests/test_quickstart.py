@@ -2,10 +2,13 @@
 evaluation with slerp's alpha chosen on val, figures."""
 import json
 
+import pytest
+
 from foco.cli import main
 from foco.train.loop import effective_settings
 
 
+@pytest.mark.slow
 def test_quickstart_tiny(tmp_path, capsys):
     out = tmp_path / "qs"
     assert main(["quickstart", "--out", str(out), "--size", "tiny"]) == 0

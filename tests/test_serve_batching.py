@@ -182,16 +182,14 @@ def test_a_chunked_body_past_the_cap_is_refused_as_it_streams(engine):
     assert c.get("/healthz").status_code == 200
 
 
-def test_two_workers_share_the_index_and_each_others_heatmaps(engine, tmp_path):
+@pytest.mark.slow
+def test_two_workers_share_the_index_and_each_others_heatmaps(engine, tmp_path, free_port):
     """`foco serve --workers 2`: two processes answer over the same index, and a heatmap made by one is found by the
     other (they share a folder)."""
     import os
-    import socket
     import subprocess
     import sys
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     ckpt = engine.options.get("checkpoint")
     server = subprocess.Popen([sys.executable, "-m", "foco", "serve", "--index", str(engine.folder), "--checkpoint",
                                str(ckpt), "--port", str(port), "--workers", "2"],

@@ -25,6 +25,7 @@ def _env():
     return {**os.environ, "OMP_NUM_THREADS": "1"}
 
 
+@pytest.mark.slow
 def test_kill_and_resume_matches_uninterrupted_run(tiny_world, train_features, tmp_path):
     # the uninterrupted run and the one to be killed run side by side, one thread each (OMP_NUM_THREADS=1)
     full = tmp_path / "full"

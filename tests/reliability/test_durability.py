@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import _shared
+
 CHILD = """import os, resource, signal, sys
 limit = int(os.environ.pop("FOCO_TEST_FSIZE", "0"))
 if limit:
@@ -57,14 +59,18 @@ EXTRACT = ["features", "extract", "--backbone", "world:pretrained", "--split", "
            "--precision", "auto"]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def clean_train_cache(tiny_world, tmp_path_factory):
-    out = tmp_path_factory.mktemp("clean") / "feats"
-    r = _run([*EXTRACT, "--world", tiny_world, "--out", out])
-    assert r.returncode == 0, r.stderr
-    return _tensors(out)
+    """An uninterrupted extraction of the train split, built once per run (`conftest._shared`): the reference that
+    interrupted ones must equal."""
+
+    def build(root):
+        r = _run([*EXTRACT, "--world", tiny_world, "--out", root / "feats"])
+        assert r.returncode == 0, r.stderr
+    return _tensors(_shared(tmp_path_factory, "clean-train-cache", build) / "feats")
 
 
+@pytest.mark.slow
 def test_a_full_disk_stops_extraction_cleanly_and_a_rerun_completes_it(tiny_world, clean_train_cache, tmp_path):
     out = tmp_path / "feats"
     r = _run([*EXTRACT, "--world", tiny_world, "--out", out], fsize=200_000)  # a shard of patches is ~4 MB
@@ -77,6 +83,7 @@ def test_a_full_disk_stops_extraction_cleanly_and_a_rerun_completes_it(tiny_worl
     assert _same(_tensors(out), clean_train_cache)
 
 
+@pytest.mark.slow
 def test_a_full_disk_during_decomposition_keeps_the_store_and_resumes(tmp_path):
     from foco.decompose.store import DecompositionStore
     captions = tmp_path / "captions.csv"
@@ -136,6 +143,7 @@ def test_a_read_only_output_folder_is_named_with_the_fix(read_only_folder, tmp_p
     assert list(ro.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_sigkill_during_extraction_resumes_to_identical_shards(tiny_world, clean_train_cache, tmp_path):
     out = tmp_path / "feats"
     p = _foco([*EXTRACT, "--world", tiny_world, "--out", out])

@@ -73,6 +73,7 @@ def _ok(r) -> None:
                               "/metrics", "/indices-list", "/", "/nope/", "/search", "/knn-service", "/metadata"]),
        segment=SEGMENTS, method=st.sampled_from(["GET", "POST", "PUT", "DELETE"]),
        params=st.dictionaries(st.sampled_from(["offset", "limit", "k", "x"]), texts, max_size=3))
+@pytest.mark.slow
 def test_random_paths_and_query_strings(client, route, segment, method, params):
     path = route + quote(segment, safe="") if route.endswith("/") and route != "/" else route
     _ok(client.request(method, path, params=params))
@@ -89,6 +90,7 @@ KNN_KEYS = ["text", "image", "image_url", "embedding_input", "modality", "num_im
        embedding=st.one_of(st.none(), st.lists(numbers, min_size=0, max_size=300),
                            st.just([0.0] * 256), st.just([0.01] * 256)),
        raw=st.sampled_from([None, b"{", b"[1, 2", b"\xff\xfe", b"NaN", b'{"text": "x"}' * 3]))
+@pytest.mark.slow
 def test_random_json_bodies(client, route, body, embedding, raw):
     if raw is not None:
         r = client.post(route, content=raw, headers={"content-type": "application/json"})
@@ -108,6 +110,7 @@ IMAGE = base64.b64encode(_png()).decode()
 @given(fields=st.dictionaries(st.sampled_from(FORM_KEYS), texts, max_size=6),
        good=st.sampled_from([False, False, True]), upload=st.sampled_from([None, None, "png", "garbage", "empty"]),
        knn_image=st.sampled_from([False] * 7 + [True]))
+@pytest.mark.slow
 def test_random_search_forms(client, fields, good, upload, knn_image):
     data = {**(GOOD if good else {}), **fields}
     files = None

@@ -8,6 +8,7 @@ from foco.world import generate as gen
 from foco.world.generate import generate_world, world_config
 
 
+@pytest.mark.slow
 def test_an_interrupted_world_resumes_only_with_its_own_config(tmp_path, monkeypatch):
     out = tmp_path / "tw"
     real = gen.progress
