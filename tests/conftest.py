@@ -44,6 +44,14 @@ if _THREADS is not None:
     torch.set_num_threads(_THREADS)
 
 
+def pytest_configure(config):
+    """xdist's load scheduling sends a worker up to half the queue at once, so one worker can end with a queue of
+    long tests while the other idles (measured: 132 % of two cores, docs/benchmarks.md "The suite"); two at a time
+    keeps both busy to the end, with the slow tests first."""
+    if hasattr(config.option, "maxschedchunk") and config.option.maxschedchunk is None:
+        config.option.maxschedchunk = 2
+
+
 def pytest_addoption(parser):
     parser.addoption("--order", choices=("slow-first", "given", "reverse", "shuffle"), default="slow-first",
                      help="run the collected tests in this order: the slow ones first (default; the workers' time "
