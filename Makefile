@@ -26,8 +26,13 @@ $(VENV)/.installed-demo: pyproject.toml
 	$(PIP) install -q -e ".[world,decompose,plot,serve]"
 	touch $@
 
+# clip-retrieval's real ClipClient for tests/test_clip_client.py: the package without its dependencies (its client
+# module needs only requests; the rest of the package, Flask, torch models and all, is never imported).
+CLIP_RETRIEVAL ?= clip-retrieval==2.45.0
+
 $(VENV)/.installed: pyproject.toml $(VENV)/.installed-demo
 	$(PIP) install -q -e ".[world,hf,decompose,lora,plot,serve,dev]"
+	$(PIP) install -q --no-deps "$(CLIP_RETRIEVAL)"
 	touch $@
 
 install: $(VENV)/.installed

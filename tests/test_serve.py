@@ -131,7 +131,7 @@ def test_bad_input_gets_a_4xx_and_the_server_keeps_serving(client, case):
 
 def test_knn_service_speaks_clip_retrievals_api(client):
     hits = client.post("/knn-service", json={"text": "a red circle", "modality": "image", "num_images": 4,
-                                             "indice_name": "foco"}).json()
+                                             "indice_name": "index"}).json()
     assert len(hits) == 4 and set(hits[0]) >= {"id", "similarity", "url"}
     emb = client.post("/knn-service", json={"embedding_input": [0.1] * 256, "num_images": 3}).json()
     assert len(emb) == 3
@@ -142,7 +142,7 @@ def test_knn_service_speaks_clip_retrievals_api(client):
     assert client.post("/knn-service", json={"embedding_input": [0.1] * 7}).status_code == 400
     assert client.post("/knn-service", json={"image_url": "http://example.com/x.jpg"}).status_code == 400
     assert client.post("/knn-service", json={"text": "x", "modality": "text"}).status_code == 400
-    assert client.get("/indices-list").json() == ["foco"]
+    assert client.get("/indices-list").json() == ["index"]  # one engine: named after its folder, as --index FOLDER
 
 
 def test_metrics_count_requests_by_status(client):

@@ -91,7 +91,7 @@ def test_a_slow_search_delays_neither_healthz_nor_thumbnails(engine, monkeypatch
         release.wait(10)
         return real(queries)
 
-    monkeypatch.setattr(app.state.foco.batcher, "run", slow)
+    monkeypatch.setattr(app.state.foco.default.batcher, "run", slow)
 
     async def main():
         transport = httpx.ASGITransport(app=app)
@@ -133,16 +133,16 @@ def test_the_index_is_loaded_memory_mapped_and_read_only(engine):
 def test_metadata_num_result_ids_and_deduplicate_as_clip_retrieval(engine):
     from fastapi.testclient import TestClient
     c = TestClient(create_app(engine, ServeLimits(max_knn=50)))
-    meta = c.post("/metadata", json={"ids": [3, 5], "indice_name": "foco"}).json()
+    meta = c.post("/metadata", json={"ids": [3, 5], "indice_name": "index"}).json()  # the folder's name
     assert [m["id"] for m in meta] == [3, 5] and set(meta[0]["metadata"]) == {"url", "caption"}
     assert meta[0]["metadata"]["url"].endswith("/images/3")
-    assert c.post("/metadata", json={"ids": [], "indice_name": "foco"}).json() == []
+    assert c.post("/metadata", json={"ids": [], "indice_name": "index"}).json() == []
     assert c.post("/metadata", json={"ids": [10 ** 9]}).status_code == 404
     assert c.post("/metadata", json={"ids": ["3"]}).status_code == 400
     assert c.post("/metadata", json={"ids": [3], "indice_name": "laion5B"}).status_code == 404
     emb = engine.store.vector_rows([3])[0].tolist()
     hits = c.post("/knn-service", json={"embedding_input": emb, "num_images": 3, "num_result_ids": 10,
-                                        "modality": "image", "indice_name": "foco"}).json()
+                                        "modality": "image", "indice_name": "index"}).json()
     assert len(hits) == 10 and all("url" in h for h in hits[:3]) and not any("url" in h for h in hits[3:])
     assert hits[0]["id"] == 3
     dup = c.post("/knn-service", json={"embedding_input": emb, "num_images": 10, "num_result_ids": 10,

@@ -7,9 +7,10 @@ import logging
 import os
 import sys
 
-from . import ablate, backbone, composers, decompose, edits, evaluate, pic2word, quickstart, search, train, world
+from . import (ablate, backbone, composers, decompose, edits, evaluate, pic2word, quickstart, search, serve, train,
+               world)
 
-GROUPS = (world, backbone, train, pic2word, composers, evaluate, ablate, decompose, edits, quickstart, search)
+GROUPS = (world, backbone, train, pic2word, composers, evaluate, ablate, decompose, edits, quickstart, search, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -48,6 +48,13 @@ def unit_float(v: str) -> float:
     return _float(v, lambda x: 0 <= x <= 1, "is not in [0, 1]")
 
 
+def float_in(lo: float, hi: float, unit: str = ""):
+    """argparse type: a finite number in [lo, hi] (a bound the program relies on, e.g. a wait in ms)."""
+    def parse(v: str) -> float:
+        return _float(v, lambda x: lo <= x <= hi, f"is not between {lo:g} and {hi:g}{unit}")
+    return parse
+
+
 def positive_int(v: str) -> int:
     """argparse type: an integer >= 1 (0 or a negative count is refused, never read as "no limit")."""
     return _int_at_least(v, 1, "is not a positive count (leave the flag out for no limit)")

@@ -9,16 +9,25 @@ gallery, and Chord (lambda > 0) rescores a shortlist. A box on the reference is 
 (`foco.model.box`), beta < 0 as chosen on val in docs/benchmarks.md ("Box anchoring").
 
 `search_many(queries)` answers several at once (the server's micro-batches): one text encoding, one composed-query
-forward and one FAISS search per method, each query answered as it would be alone. Features are read from the
+forward and one FAISS search per method, each query answered as it would be alone. A `VectorQuery` (a text, an
+image or a vector, searched as it is: clip-retrieval's /knn-service) joins the same batches: its texts and images
+are encoded together and searched in the same FAISS call. Features are read from the
 index's memory-mapped arrays; the image store gives each thread its own read-only SQLite connection, so lookups
 (a thumbnail, a gallery page) never wait for a search. A PQ index's results are re-ranked exactly from the stored
 vectors (a shortlist of refine x k, recorded with the index).
+
+A running engine follows `foco index update` (`refresh`, which `watch` calls every second in a server): when the
+update has finished, the new vector index, its settings and its count replace the old ones in one assignment
+(`Loaded`), and each batch reads them once, so no batch mixes two generations. An id names a file's indexed
+content: an indexed reference or a file (`file`) that changed since it was indexed is refused, whatever the
+method, as its stored vector names other bytes.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -30,9 +39,10 @@ from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_weights
 from ..methods.base import check_trained_on
-from ..utils.text import first_control
+from ..utils.text import text_problem
 from ..model.box import box_attention_bias, patch_grid
 from ..utils.io import read_json
+from ..utils.parse import MAX_CHORD
 from ..utils.precision import autocast
 from .build import open_image
 from .store import ImageRow, ImageStore
@@ -41,6 +51,7 @@ from .vectors import load_vector_index, search_vectors, set_search_params
 DEFAULT_BOX_BETA = -8.0  # chosen on the ambiguous world benchmark's val split (docs/benchmarks.md)
 CHORD_SHORTLIST = 200
 SEARCH_NPROBE, SEARCH_EF = 32, 128  # IVF lists probed, HNSW's efSearch (experiments/bench_faiss.py: recall vs time)
+REFRESH_EVERY_S = 1.0  # how often a watching engine looks for a finished `foco index update`
 
 
 log = logging.getLogger(__name__)
@@ -66,6 +77,17 @@ class Query:
 
 
 @dataclass
+class VectorQuery:
+    """The nearest images to one text, one image or one (D,) vector, searched as it is (no composition): clip-retrieval's
+    /knn-service. `max_k` bounds k (default: the engine's limit of composed searches)."""
+    text: str | None = None
+    image: Image.Image | None = None
+    vector: np.ndarray | None = None
+    k: int = 10
+    max_k: int | None = None
+
+
+@dataclass
 class Hit:
     id: int
     path: str
@@ -86,26 +108,54 @@ class Limits:
     max_text_chars: int = 1000
 
 
+@dataclass(frozen=True)
+class Loaded:
+    """One generation of an index as an engine loaded it: its vector index, its index.json, the PQ re-rank factor,
+    and the identity of the index.json it was read from. A batch reads it once, so a refresh never mixes two."""
+    index: object
+    meta: dict
+    refine: int
+    generation: tuple | None
+
+    @classmethod
+    def read(cls, folder: Path, meta: dict, generation: tuple | None) -> "Loaded":
+        vec = meta.get("vectors") or {}
+        index = load_vector_index(folder / "vectors.faiss", ivf=vec.get("nlist") is not None,
+                                  ondisk=bool(vec.get("ondisk")))
+        set_search_params(index, nprobe=SEARCH_NPROBE, ef_search=SEARCH_EF)  # approximate indexes only
+        return cls(index, meta, int(vec.get("refine") or 0), generation)  # refine: PQ's shortlist factor
+
+
 class SearchEngine:
     """Thread-safe: one query at a time runs the model (the server answers many clients through it)."""
 
-    def __init__(self, folder: Path, meta: dict, index, backbone, options: MethodOptions, limits: Limits,
-                 box_beta: float = DEFAULT_BOX_BETA):
-        self.folder, self.meta, self.index, self.backbone = folder, meta, index, backbone
-        self.root = Path(meta["images"])
+    def __init__(self, folder: Path, loaded: Loaded, backbone, options: MethodOptions, limits: Limits,
+                 box_beta: float = DEFAULT_BOX_BETA, model_lock: threading.RLock | None = None):
+        self.folder, self.backbone, self._loaded = folder, backbone, loaded
+        self.root = Path(loaded.meta["images"])
         self.options, self.limits, self.box_beta = options, limits, box_beta
-        self.dim = int(meta["dim"])
+        self.dim = int(loaded.meta["dim"])
         self.store = ImageStore(folder / "images.sqlite", readonly=True)  # a connection per thread, no lock
-        self.refine = int((meta.get("vectors") or {}).get("refine") or 0)  # PQ: shortlist factor, re-ranked exactly
-        self._lock = threading.RLock()  # the model's forward, one at a time
-        self._methods: dict[str, object] = {}
+        self._lock = model_lock or threading.RLock()  # the model's forward, one at a time (shared with every
+        self._methods: dict[str, object] = {}         # engine on the same backbone object)
         self._available = self._served(options)  # fixed by the weights given: not recomputed per query
+        self._watcher: threading.Thread | None = None
+
+    @property
+    def index(self):
+        return self._loaded.index
+
+    @property
+    def meta(self) -> dict:
+        return self._loaded.meta
 
     @classmethod
     def open(cls, folder: str | Path, *, limits: Limits = Limits(), box_beta: float = DEFAULT_BOX_BETA,
-             device: str = "cpu", **weights: str | Path | None) -> "SearchEngine":
+             device: str = "cpu", backbones: dict | None = None, **weights: str | Path | None) -> "SearchEngine":
         """`weights`: the served methods' weights folders by option name (`checkpoint=`, `foco_edits=`,
-        `pic2word=`, ...: `MethodOption`s with a record); each is checked against the index's backbone."""
+        `pic2word=`, ...: `MethodOption`s with a record); each is checked against the index's backbone.
+        `backbones`: backbones already loaded, by spec, each with the lock its forward passes take (several
+        indexes of one server share one model and its lock); the one this index needs is added to it."""
         folder = Path(folder)
         weights = {k: v for k, v in weights.items() if v not in (None, "")}  # "" (an empty shell variable): not given
         served = served_weights()
@@ -115,26 +165,63 @@ class SearchEngine:
                              f"{', '.join(sorted(served))}")
         if not (folder / "index.json").is_file():
             raise FileNotFoundError(f"{folder} is not an index (no index.json); make one with `foco index build`")
+        generation = _generation(folder)  # before reading: an update finishing meanwhile is picked up by refresh
         meta = read_json(folder / "index.json")
         if meta.get("building"):
             raise ValueError(f"{folder}: the last `foco index build` did not finish; rerun `foco index update "
                              f"{folder}`")
-        backbone = create_backbone(meta["backbone"], device=device)
+        shared = (backbones or {}).get(meta["backbone"])
+        backbone, lock = shared or (create_backbone(meta["backbone"], device=device), threading.RLock())
+        if backbones is not None:
+            backbones[meta["backbone"]] = (backbone, lock)
         indexed = {"spec": meta["backbone"], "weights_sha256": meta.get("backbone_sha256")}
         fix = "build an index with that backbone (`foco index build --backbone ...`)"
         check_same_backbone(backbone, f"the backbone at {meta['backbone']} now", indexed, f"the index {folder}",
                             "rebuild the index into a new --out (`foco index build`)")
         opts = MethodOptions(backbone=backbone, **{k: Path(v) for k, v in weights.items()})
         check_trained_on(opts, indexed, f"the index {folder}", fix)
-        vec = meta.get("vectors") or {}
-        index = load_vector_index(folder / "vectors.faiss", ivf=vec.get("nlist") is not None,
-                                  ondisk=bool(vec.get("ondisk")))
-        set_search_params(index, nprobe=SEARCH_NPROBE, ef_search=SEARCH_EF)  # approximate indexes only
-        return cls(folder, meta, index, backbone, opts, limits, box_beta)
+        return cls(folder, Loaded.read(folder, meta, generation), backbone, opts, limits, box_beta, lock)
 
     # --- what the index holds ------------------------------------------------------------------------------
     def count(self) -> int:
+        """Images in the loaded generation of the index (the vector index's count, which `refresh` replaces
+        together with the index itself)."""
         return int(self.index.ntotal)
+
+    def refresh(self) -> bool:
+        """Loads the index again when a `foco index update` has finished since it was loaded (index.json changed and
+        is not marked building); True when it did. The new vector index, its settings and its count replace the old
+        ones at once; a search running meanwhile finishes on the old ones."""
+        old = self._loaded
+        generation = _generation(self.folder)
+        if generation == old.generation or generation is None:
+            return False
+        meta = read_json(self.folder / "index.json")
+        if meta.get("building"):
+            return False  # an update in progress: the loaded generation stays until it finishes
+        if any(meta.get(k) != old.meta.get(k) for k in ("backbone", "backbone_sha256", "dim", "images")):
+            log.warning("%s was rebuilt with other backbone weights, dimension or folder; the server keeps the index "
+                        "it loaded: restart it to serve the new one", self.folder)
+            self._loaded = Loaded(old.index, old.meta, old.refine, generation)
+            return False
+        self._loaded = Loaded.read(self.folder, meta, generation)  # one assignment: a batch sees one or the other
+        log.info("%s: loaded the updated index (%d images)", self.folder, self.count())
+        return True
+
+    def watch(self, every_s: float = REFRESH_EVERY_S) -> None:
+        """Calls `refresh` every `every_s` seconds in a daemon thread (once per engine; a server's)."""
+        if self._watcher is not None:
+            return
+
+        def loop():
+            while True:
+                time.sleep(every_s)
+                try:
+                    self.refresh()
+                except Exception as exc:  # an index.json caught mid-write, a missing file: tried again next time
+                    log.warning("%s: could not load the updated index yet (%s)", self.folder, exc)
+        self._watcher = threading.Thread(target=loop, name=f"foco-watch-{self.folder.name}", daemon=True)
+        self._watcher.start()
 
     def row(self, image_id: int) -> ImageRow:
         if not 0 <= int(image_id) < 2 ** 63:  # SQLite's integers are int64
@@ -147,11 +234,19 @@ class SearchEngine:
     def page(self, offset: int, limit: int) -> list[ImageRow]:
         return self.store.page(offset, limit)
 
+    def gallery(self, offset: int, limit: int) -> tuple[int, list[ImageRow]]:
+        """(images in the index, a page of their rows), both from one snapshot of the image store."""
+        return self.store.snapshot(offset, limit)
+
     def file(self, image_id: int) -> Path:
-        """The indexed file of `image_id`, only ever inside the indexed folder."""
-        path = (self.root / self.row(image_id).path).resolve()
+        """The indexed file of `image_id`, only ever inside the indexed folder, and only as it was indexed: an id
+        names the file's indexed content, so a changed file is served under the id `foco index update` gives it."""
+        row = self.row(image_id)
+        path = (self.root / row.path).resolve()
         if not path.is_relative_to(self.root.resolve()) or not path.is_file():
             raise NotFound(f"image {image_id} is no longer on disk; run `foco index update`")
+        if not self._current(row):
+            raise NotFound(f"image {image_id} changed since it was indexed; run `foco index update {self.folder}`")
         return path
 
     def available_methods(self) -> list[str]:
@@ -180,17 +275,19 @@ class SearchEngine:
             self._methods[name] = build_method(name, opts=self.options)
         return self._methods[name]
 
+    def check_text(self, text: object) -> None:
+        """The one text rule of every query (composed or not): `foco.utils.text`, within the length limit."""
+        problem = text_problem(text, max_chars=self.limits.max_text_chars)
+        if problem:
+            example = ": give the modification, e.g. 'make the dress red'" if problem.startswith("is empty") else ""
+            raise QueryError(f"text {problem}{example}")
+
     def _check(self, q: Query) -> None:
-        if not isinstance(q.text, str) or not q.text.strip():
-            raise QueryError("text is empty: give the modification, e.g. 'make the dress red'")
-        if len(q.text) > self.limits.max_text_chars:
-            raise QueryError(f"text has {len(q.text)} characters; at most {self.limits.max_text_chars}")
-        if (ch := first_control(q.text)) is not None:
-            raise QueryError(f"text holds the control character {ch}; send plain text")
+        self.check_text(q.text)
         if not 1 <= q.k <= self.limits.max_k:
             raise QueryError(f"k must be between 1 and {self.limits.max_k}, got {q.k}")
-        if q.chord < 0:
-            raise QueryError(f"chord lambda must be >= 0, got {q.chord}")
+        if not 0 <= q.chord <= MAX_CHORD:
+            raise QueryError(f"chord lambda must be between 0 and {MAX_CHORD:g}, got {q.chord:g}")
         if q.reference is None:
             raise QueryError("a reference image is required: an indexed id or an uploaded image")
 
@@ -217,13 +314,20 @@ class SearchEngine:
             raise out
         return out
 
-    def search_many(self, queries: list[Query]) -> list[Answer | QueryError]:
+    def search_many(self, queries: list[Query | VectorQuery]) -> list[Answer | QueryError]:
         """Several queries at once: per method, one text encoding, one reference encoding (of the references whose
-        features are not stored), one composed-query forward and one FAISS search. Each query gets the answer
-        `search` gives it alone, or its own QueryError; one bad query fails no other."""
+        features are not stored), one composed-query forward and one FAISS search; the `VectorQuery`s together,
+        one text and one image encoding and one FAISS search. Each query gets the answer `search` gives it alone,
+        or its own QueryError; one bad query fails no other."""
         out: list[Answer | QueryError | None] = [None] * len(queries)
         groups: dict[str, list[int]] = {}
+        plain = [i for i, q in enumerate(queries) if isinstance(q, VectorQuery)]
+        if plain:
+            for i, a in zip(plain, self._vector_group([queries[i] for i in plain])):
+                out[i] = a
         for i, q in enumerate(queries):
+            if isinstance(q, VectorQuery):
+                continue
             try:
                 self._check(q)
                 self._method(q.method)
@@ -252,6 +356,9 @@ class SearchEngine:
                     size[i] = q.reference.size
                     continue
                 row = self.row(int(q.reference))
+                if not self._current(row):  # every method: the stored global names the file as it was indexed
+                    raise NotFound(f"image {row.id} changed or was deleted since it was indexed; run `foco index "
+                                   f"update {self.folder}`")
                 size[i] = (row.width, row.height)
                 glob[i] = torch.from_numpy(self.store.vector_rows([row.id])[0])
                 if reads_patches:
@@ -298,11 +405,12 @@ class SearchEngine:
         query = composed.query.float()  # (b, D)
         exclude = [None if isinstance(qs[i].reference, Image.Image) or qs[i].keep_reference else int(qs[i].reference)
                    for i in ok]
-        depths = [self._depth(qs[i].k, qs[i].chord, exclude[j] is not None) for j, i in enumerate(ok)]
-        found = self._search_depths(query, depths)
+        gen = self._loaded  # one generation for the whole batch
+        depths = [self._depth(qs[i].k, qs[i].chord, exclude[j] is not None, gen) for j, i in enumerate(ok)]
+        found = self._search_depths(query, depths, gen)
         for j, i in enumerate(ok):
             scores, ids = found[j]
-            hits = self._hits(query[j:j + 1], scores, ids, ref_g[j:j + 1], qs[i].k, qs[i].chord, exclude[j])
+            hits = self._hits(query[j:j + 1], scores, ids, ref_g[j:j + 1], qs[i].k, qs[i].chord, exclude[j], gen)
             attention = composed.attention[j] if composed.attention is not None else None
             out[i] = Answer(hits, attention, size[i])
         return out  # type: ignore[return-value]
@@ -310,15 +418,52 @@ class SearchEngine:
     def search_vector(self, vector: np.ndarray, k: int, max_k: int | None = None) -> list[Hit]:
         """Nearest images to a (D,) vector (clip-retrieval's embedding_input); k at most `max_k` (default: the
         limit of composed searches)."""
-        if vector.shape != (self.dim,):
-            raise QueryError(f"the embedding has {vector.shape[0] if vector.ndim == 1 else vector.shape} values; "
-                             f"this index holds {self.dim}-dimensional vectors")
-        max_k = max_k or self.limits.max_k
-        if not 1 <= k <= max_k:
-            raise QueryError(f"k must be between 1 and {max_k}, got {k}")
-        q = torch.nn.functional.normalize(torch.from_numpy(vector.astype(np.float32))[None], dim=-1)
-        scores, ids = self._search_depths(q, [self._depth(k, 0.0, False)])[0]
-        return self._hits(q, scores, ids, None, k, 0.0, None)
+        out = self._vector_group([VectorQuery(vector=vector, k=k, max_k=max_k)])[0]
+        if isinstance(out, Exception):
+            raise out
+        return out.hits
+
+    def _vector_group(self, qs: list[VectorQuery]) -> list[Answer | QueryError]:
+        """`VectorQuery`s: their texts in one encoding, their images in another, then one FAISS search per depth."""
+        out: list[Answer | QueryError | None] = [None] * len(qs)
+        vecs: dict[int, torch.Tensor] = {}  # query -> (D,) float32
+        texts, images = [], []
+        for i, q in enumerate(qs):
+            try:
+                max_k = q.max_k or self.limits.max_k
+                if not 1 <= q.k <= max_k:
+                    raise QueryError(f"k must be between 1 and {max_k}, got {q.k}")
+                if sum(x is not None for x in (q.text, q.image, q.vector)) != 1:
+                    raise QueryError("give exactly one of a text, an image or a vector")
+                if q.text is not None:
+                    self.check_text(q.text)
+                    texts.append(i)
+                elif q.image is not None:
+                    images.append(i)
+                else:
+                    v = np.asarray(q.vector)
+                    if v.shape != (self.dim,):
+                        raise QueryError(f"the embedding has {v.shape[0] if v.ndim == 1 else v.shape} values; this "
+                                         f"index holds {self.dim}-dimensional vectors")
+                    vecs[i] = torch.from_numpy(v.astype(np.float32))
+            except QueryError as exc:
+                out[i] = exc
+        if texts:
+            g = self.encode_texts([qs[i].text for i in texts]).global_  # (t, D)
+            vecs.update({i: g[j] for j, i in enumerate(texts)})
+        if images:
+            g = self._encode_images([qs[i].image for i in images]).global_  # (m, D)
+            vecs.update({i: g[j] for j, i in enumerate(images)})
+        ok = sorted(vecs)
+        if not ok:
+            return out  # type: ignore[return-value]
+        query = torch.nn.functional.normalize(torch.stack([vecs[i] for i in ok]).float(), dim=-1)  # (b, D)
+        gen = self._loaded  # one generation for the whole batch
+        found = self._search_depths(query, [self._depth(qs[i].k, 0.0, False, gen) for i in ok], gen)
+        for j, i in enumerate(ok):
+            scores, ids = found[j]
+            out[i] = Answer(self._hits(query[j:j + 1], scores, ids, None, qs[i].k, 0.0, None, gen))
+        return out  # type: ignore[return-value]
 
     def _box_bias(self, box, size: tuple[int, int], num_patches: int) -> torch.Tensor:
         x0, y0, x1, y1 = (float(v) for v in box)
@@ -329,32 +474,34 @@ class SearchEngine:
         return box_attention_bias(torch.tensor([[x0, y0, x1, y1]], device="cpu"), self.box_beta, (W, H),
                                   patch_grid(num_patches))  # on the CPU, beside the stored and encoded features
 
-    def _depth(self, k: int, chord: float, excludes: bool) -> int:
+    @staticmethod
+    def _depth(k: int, chord: float, excludes: bool, gen: Loaded) -> int:
         """How deep FAISS searches for one query: k, one more for an excluded reference, Chord's shortlist, and a PQ
         index's re-rank shortlist."""
         depth = k + excludes
         depth = max(depth, CHORD_SHORTLIST) if chord > 0 else depth
-        return depth * self.refine if self.refine else depth
+        return depth * gen.refine if gen.refine else depth
 
-    def _search_depths(self, queries: torch.Tensor, depths: list[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    @staticmethod
+    def _search_depths(queries: torch.Tensor, depths: list[int], gen: Loaded) -> list[tuple[np.ndarray, np.ndarray]]:
         """One FAISS search per distinct depth over the queries (b, D) that need it; (scores, ids) per query."""
         out: list = [None] * len(depths)
         for depth in sorted(set(depths)):
             rows = [j for j, d in enumerate(depths) if d == depth]
-            scores, ids = search_vectors(self.index, queries[rows].numpy(), depth)
+            scores, ids = search_vectors(gen.index, queries[rows].numpy(), depth)
             for r, j in enumerate(rows):
                 out[j] = (scores[r], ids[r])
         return out
 
     def _hits(self, query: torch.Tensor, scores: np.ndarray, ids: np.ndarray, reference: torch.Tensor | None,
-              k: int, chord: float, exclude: int | None) -> list[Hit]:
+              k: int, chord: float, exclude: int | None, gen: Loaded) -> list[Hit]:
         """The top k of one query's FAISS results, the reference left out, re-ranked by the exact stored vectors (a
         PQ index) or by Chord (lambda > 0)."""
         keep = (ids >= 0) & (ids != (exclude if exclude is not None else -2))
         scores, ids = scores[keep], ids[keep]
         slots = self.store.slots(ids)  # an id an update removed after this server loaded its index: left out
         scores, ids, slots = scores[slots >= 0], ids[slots >= 0], slots[slots >= 0]
-        if (self.refine or chord > 0) and len(ids):
+        if (gen.refine or chord > 0) and len(ids):
             vecs = torch.from_numpy(self.store.vectors.read(slots))  # (n, D) the stored vectors, exact values
             if chord > 0 and reference is not None:
                 from ..eval.chord import chord_scores_candidates
@@ -390,3 +537,13 @@ class SearchEngine:
         except OSError:
             return False
         return st.st_size == row.size and st.st_mtime_ns == row.mtime_ns
+
+
+def _generation(folder: Path) -> tuple | None:
+    """What identifies the index.json an engine loaded: `foco index update` replaces the file (a new inode) when
+    it starts and when it finishes. None when it cannot be read now."""
+    try:
+        st = os.stat(folder / "index.json")
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns, st.st_size

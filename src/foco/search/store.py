@@ -3,7 +3,8 @@ size, and the slot of its features in the on-disk arrays of `arrays.py`).
 
 Ids are never reused (AUTOINCREMENT), so an id a client holds names the same file, or nothing, after any update.
 Every batch of new rows is one transaction, written after its features are on disk, so a killed build keeps what
-it finished and a rerun continues. The features themselves never enter SQLite: 100M ViT-L/14 vectors are 307 GB.
+it finished and a rerun continues. The row count is kept in the same transactions (`state.count`), so a reader
+gets a count and a page of rows from one snapshot (`snapshot`) without scanning 100M rows. The features themselves never enter SQLite: 100M ViT-L/14 vectors are 307 GB.
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ class ImageStore:
         else:
             self._writer = open_store(self.path, _SCHEMA, "image index store")
             self._check_schema(self._writer)
+            if self._state("count") is None:  # an index written before the count was kept: counted once
+                with writing(self.db, self.path):
+                    self.db.execute("INSERT OR IGNORE INTO state VALUES ('count', (SELECT COUNT(*) FROM images))")
         self.vectors, self.patches = self._arrays()
         if not readonly and self.vectors is not None:  # rows past the committed end: a killed build's last batch
             n = self.next_slot()
@@ -146,7 +150,22 @@ class ImageStore:
         return out
 
     def count(self) -> int:
-        return self.db.execute("SELECT COUNT(*) FROM images").fetchone()[0]
+        n = self._state("count")
+        return n if n is not None else self.db.execute("SELECT COUNT(*) FROM images").fetchone()[0]
+
+    def snapshot(self, offset: int, limit: int) -> tuple[int, list[ImageRow]]:
+        """(count, a page of rows in id order), read in one transaction: an update committing meanwhile changes
+        both or neither."""
+        db = self.db
+        db.execute("BEGIN")
+        try:
+            return self.count(), self.page(offset, limit)
+        finally:
+            db.execute("COMMIT")
+
+    def _add_count(self, delta: int) -> None:
+        """In a writing transaction: the kept count moves with the rows."""
+        self.db.execute("UPDATE state SET value = value + ? WHERE key = 'count'", (int(delta),))
 
     def add(self, rows: list[ImageRow], vectors: np.ndarray, patches: np.ndarray | None = None) -> list[int]:
         """Appends the features of `rows` (vectors (n, D) float32, patches (n, P, D) or None), then records the
@@ -163,17 +182,19 @@ class ImageStore:
         self.vectors.write(first, vectors)
         if patches is not None:
             self.patches.write(first, patches)
-        ids = []
+        ids, replaced = [], 0
         with writing(self.db, self.path):
             for k, row in enumerate(rows):
                 old = self.db.execute("DELETE FROM images WHERE path = ? RETURNING id", (row.path,)).fetchone()
                 if old is not None:
+                    replaced += 1
                     self.db.execute("INSERT OR IGNORE INTO removed VALUES (?)", (old[0],))
                 cur = self.db.execute("INSERT INTO images (path, size, mtime_ns, sha256, width, height, slot) "
                                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (row.path, row.size, row.mtime_ns, row.sha256,
                                                                        row.width, row.height, first + k))
                 ids.append(int(cur.lastrowid))
             self.db.execute("INSERT OR REPLACE INTO state VALUES ('next_slot', ?)", (first + len(rows),))
+            self._add_count(len(rows) - replaced)
         return ids
 
     def touch(self, path: str, size: int, mtime_ns: int) -> None:
@@ -190,6 +211,7 @@ class ImageStore:
                 if r is not None:
                     ids.append(int(r[0]))
                     self.db.execute("INSERT OR IGNORE INTO removed VALUES (?)", (r[0],))
+            self._add_count(-len(ids))
         return ids
 
     def removed(self) -> list[int]:

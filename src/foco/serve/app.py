@@ -6,8 +6,13 @@
     GET  /gallery?offset&limit  indexed ids, for the page's picker
     POST /search                a composed query (multipart form), micro-batched                   search_routes.py
     GET  /attention/{token}     the attention heatmap of a recent search (PNG)
-    POST /knn-service           clip-retrieval's back-end API; POST /metadata; GET /indices-list   knn.py
+    POST /knn-service           clip-retrieval's back-end API, micro-batched; POST /metadata;      knn.py
+                                GET /indices-list
     GET  /healthz, GET /metrics (Prometheus text)                                                  health.py
+
+One server serves one or more named indexes (`foco serve --index NAME=FOLDER ...`, `foco.search.named`), each with
+its own engine and micro-batcher; a request picks one with `indice_name` (a JSON field, a form field or a query
+parameter), and the first is the default. Each engine follows `foco index update` (`SearchEngine.watch`).
 
 Nothing heavy runs on the event loop: composed queries wait on the micro-batcher (`batcher.py`: one forward and
 one FAISS search per batch, in its own thread), uploads are decoded and PNGs encoded in a small CPU pool, file
@@ -24,7 +29,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import asdict
+from collections.abc import Mapping
+from dataclasses import asdict, replace
 from pathlib import Path
 
 try:  # this module is the server: it needs the serve extra (the rest of foco does not)
@@ -36,18 +42,31 @@ except ImportError as exc:  # pragma: no cover
     raise ImportError("foco serve needs FastAPI and uvicorn: pip install 'foco[serve]'") from exc
 
 from ..search.engine import NotFound, QueryError, SearchEngine
+from ..search.named import check_name, index_name
 from . import health, images, knn, search_routes
 from .batcher import MicroBatcher, freeze_heap
-from .common import BodyLimit, Heatmaps, ServeLimits, ServeState, TooLarge, body_cap, decode_upload  # noqa: F401
+from .common import (BodyLimit, Heatmaps, ServeLimits, Served, ServeState, TooLarge, body_cap,  # noqa: F401
+                     decode_upload)
 
 ENV = "FOCO_SERVE"
 
 
-def create_app(engine: SearchEngine, limits: ServeLimits = ServeLimits(), heatmap_dir: Path | None = None
-               ) -> FastAPI:
-    engine.limits.max_k, engine.limits.max_text_chars = limits.max_k, limits.max_text_chars
-    st = ServeState(engine, limits, MicroBatcher(engine.search_many, limits.max_batch, limits.max_wait_ms),
-                    Heatmaps(limits.attention_cache, heatmap_dir, search_routes.HEATMAP_SIDE))
+def create_app(engines: SearchEngine | Mapping[str, SearchEngine], limits: ServeLimits = ServeLimits(),
+               heatmap_dir: Path | None = None, watch: bool = True) -> FastAPI:
+    """The app over `engines`: {name: engine} in order (the first is the default), or one engine, named after its
+    folder. `watch`: each engine picks up a finished `foco index update` within a second."""
+    if isinstance(engines, SearchEngine):
+        engines = {index_name(engines.folder): engines}
+    if not engines:
+        raise ValueError("create_app needs at least one index")
+    indexes = {}
+    for name, engine in engines.items():
+        engine.limits = replace(engine.limits, max_k=limits.max_k, max_text_chars=limits.max_text_chars)  # its own
+        indexes[check_name(name)] = Served(name, engine, MicroBatcher(engine.search_many, limits.max_batch,
+                                                                      limits.max_wait_ms))
+        if watch:
+            engine.watch()
+    st = ServeState(indexes, limits, Heatmaps(limits.attention_cache, heatmap_dir, search_routes.HEATMAP_SIDE))
     app = FastAPI(title="foco", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.foco = st
 
@@ -92,16 +111,22 @@ def _endpoint(request: Request) -> str:
     return getattr(request.scope.get("route"), "path", "other")
 
 
-def settings_env(index: str, engine_args: dict, limits: ServeLimits, heatmap_dir: str) -> str:
+def open_engines(indexes: Mapping[str, str | Path], limits: ServeLimits, **engine_args) -> dict[str, SearchEngine]:
+    """{name: engine} over the named index folders, in order; indexes of one backbone share its model."""
+    from ..search.engine import Limits
+    backbones: dict = {}
+    return {name: SearchEngine.open(folder, limits=Limits(max_k=limits.max_k, max_text_chars=limits.max_text_chars),
+                                    backbones=backbones, **engine_args) for name, folder in indexes.items()}
+
+
+def settings_env(indexes: Mapping[str, str | Path], engine_args: dict, limits: ServeLimits, heatmap_dir: str) -> str:
     """What `app_from_env` reads, as the value of FOCO_SERVE."""
-    return json.dumps({"index": index, "engine": engine_args, "limits": asdict(limits), "heatmaps": heatmap_dir})
+    return json.dumps({"indexes": {n: str(f) for n, f in indexes.items()}, "engine": engine_args,
+                       "limits": asdict(limits), "heatmaps": heatmap_dir})
 
 
 def app_from_env() -> FastAPI:
     """The app of one `foco serve --workers N` process (uvicorn's factory)."""
-    from ..search.engine import Limits
     cfg = json.loads(os.environ[ENV])
     limits = ServeLimits(**cfg["limits"])
-    engine = SearchEngine.open(cfg["index"], limits=Limits(max_k=limits.max_k, max_text_chars=limits.max_text_chars),
-                               **cfg["engine"])
-    return create_app(engine, limits, Path(cfg["heatmaps"]))
+    return create_app(open_engines(cfg["indexes"], limits, **cfg["engine"]), limits, Path(cfg["heatmaps"]))

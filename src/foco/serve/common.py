@@ -1,5 +1,6 @@
-"""What the routes of `foco serve` share: limits, the request counters, the heatmap store, request parsing, and
-the thread pool that decodes uploads and encodes PNGs (never the event loop)."""
+"""What the routes of `foco serve` share: the named indexes (each an engine and its micro-batcher), limits, the
+request counters, the heatmap store, request parsing, and the thread pool that decodes uploads and encodes PNGs
+(never the event loop)."""
 from __future__ import annotations
 
 import asyncio
@@ -17,7 +18,7 @@ import numpy as np
 from PIL import Image
 
 from ..search.build import MAX_IMAGE_PIXELS
-from ..search.engine import QueryError, SearchEngine
+from ..search.engine import NotFound, QueryError, SearchEngine
 from .batcher import MicroBatcher
 
 
@@ -48,7 +49,7 @@ class Metrics:
             self.seconds[endpoint] = self.seconds.get(endpoint, 0.0) + seconds
             self.calls[endpoint] = self.calls.get(endpoint, 0) + 1
 
-    def text(self, images: int, batcher: MicroBatcher | None = None) -> str:
+    def text(self, indexes: "dict[str, Served]") -> str:
         with self.lock:
             lines = ["# HELP foco_requests_total HTTP requests by endpoint and status.",
                      "# TYPE foco_requests_total counter"]
@@ -59,12 +60,13 @@ class Metrics:
             for e in sorted(self.calls):
                 lines += [f'foco_request_seconds_sum{{endpoint="{e}"}} {self.seconds[e]:.6f}',
                           f'foco_request_seconds_count{{endpoint="{e}"}} {self.calls[e]}']
-            lines += ["# HELP foco_indexed_images Images in the served index.", "# TYPE foco_indexed_images gauge",
-                      f"foco_indexed_images {images}"]
-            if batcher is not None:
-                lines += ["# HELP foco_search_batches_total Composed-query batches run, and the queries in them.",
-                          "# TYPE foco_search_batches_total counter", f"foco_search_batches_total {batcher.batches}",
-                          f"foco_search_batched_queries_total {batcher.queries}"]
+            lines += ["# HELP foco_indexed_images Images in each served index.", "# TYPE foco_indexed_images gauge"]
+            lines += [f'foco_indexed_images{{index="{n}"}} {s.engine.count()}' for n, s in indexes.items()]
+            lines += ["# HELP foco_search_batches_total Query batches run (composed and kNN), and the queries in them.",
+                      "# TYPE foco_search_batches_total counter"]
+            for n, s in indexes.items():
+                lines += [f'foco_search_batches_total{{index="{n}"}} {s.batcher.batches}',
+                          f'foco_search_batched_queries_total{{index="{n}"}} {s.batcher.queries}']
         return "\n".join(lines) + "\n"
 
 
@@ -80,6 +82,7 @@ class Heatmaps:
         self.memory: OrderedDict[str, tuple] = OrderedDict()  # token -> (reference, attention (P,) float32)
 
     def put(self, reference, attention) -> str:
+        """`reference`: the upload (an image), or (index name, id) of an indexed one."""
         token = secrets.token_urlsafe(12)
         att = np.asarray(attention, dtype=np.float32)
         if isinstance(reference, Image.Image):
@@ -96,7 +99,8 @@ class Heatmaps:
             reference.save(self.folder / f".{token}.ref.png", format="PNG")
             os.replace(self.folder / f".{token}.ref.png", self.folder / f"{token}.ref.png")
         else:
-            (self.folder / f"{token}.id").write_text(str(int(reference)))
+            name, image_id = reference
+            (self.folder / f"{token}.id").write_text(f"{name}\t{int(image_id)}")
         tmp = self.folder / f".{token}.npy.tmp"
         tmp.write_bytes(buf.getvalue())
         os.replace(tmp, self.folder / f"{token}.npy")  # written last: a token is complete once it exists
@@ -124,30 +128,62 @@ class Heatmaps:
         try:
             att = np.load(self.folder / f"{token}.npy")
             ref_png = self.folder / f"{token}.ref.png"
-            ref = Image.open(ref_png).convert("RGB") if ref_png.is_file() else \
-                int((self.folder / f"{token}.id").read_text())
+            if ref_png.is_file():
+                ref = Image.open(ref_png).convert("RGB")
+            else:
+                name, image_id = (self.folder / f"{token}.id").read_text().split("\t")
+                ref = (name, int(image_id))
         except (FileNotFoundError, ValueError, OSError):
             return None
         return ref, att
 
 
 @dataclass
-class ServeState:
+class Served:
+    """One named index of a server: its engine, and the micro-batcher its composed and kNN queries go through."""
+    name: str
     engine: SearchEngine
-    limits: ServeLimits
     batcher: MicroBatcher
+
+    def default_method(self) -> str:
+        return self.engine.available_methods()[0]
+
+
+@dataclass
+class ServeState:
+    indexes: dict[str, Served]  # in --index order; the first is the default (the page's, and a request's without
+    limits: ServeLimits         # indice_name, as clip_back takes its first)
     heatmaps: Heatmaps
     metrics: Metrics = field(default_factory=Metrics)
-    thumbs: OrderedDict = field(default_factory=OrderedDict)
+    thumbs: OrderedDict = field(default_factory=OrderedDict)  # (index name, id) -> PNG bytes
     cpu: concurrent.futures.ThreadPoolExecutor = field(
         default_factory=lambda: concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="foco-cpu"))
+
+    @property
+    def default(self) -> Served:
+        return next(iter(self.indexes.values()))
+
+    @property
+    def engine(self) -> SearchEngine:  # the default index's
+        return self.default.engine
+
+    def index(self, name: str | None) -> Served:
+        """The index a request names (`indice_name`); the default one when it names none."""
+        if name in (None, ""):
+            return self.default
+        if name not in self.indexes:
+            raise NotFound(f"no index named {name!r} here; /indices-list gives {list(self.indexes)}")
+        return self.indexes[name]
+
+    def url(self, kind: str, served: Served, image_id: int) -> str:
+        """The path of an image's file or thumbnail (`kind`: images, thumbnails); another index than the default
+        is named in the query string."""
+        path = f"/{kind}/{image_id}"
+        return path if served is self.default else f"{path}?indice_name={served.name}"
 
     async def on_cpu(self, fn, *args):
         """`fn(*args)` in the pool for uploads and PNGs: off the event loop, apart from images and searches."""
         return await asyncio.get_running_loop().run_in_executor(self.cpu, lambda: fn(*args))
-
-    def default_method(self) -> str:
-        return self.engine.available_methods()[0]
 
 
 class TooLarge(QueryError):

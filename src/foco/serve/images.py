@@ -1,10 +1,11 @@
 """The page, its assets, and the indexed images: GET /, /static/{name}, /images/{id}, /thumbnails/{id},
-/gallery. Plain handlers, run in the server's thread pool: a file read or a thumbnail never waits for a search
+/gallery (each of the last three takes `?indice_name=NAME` for another index than the default). Plain handlers, run in the server's thread pool: a file read or a thumbnail never waits for a search
 (searches wait on the micro-batcher, holding no thread) and reads the image store through its own connection."""
 from __future__ import annotations
 
 import io
 from pathlib import Path
+from typing import Optional
 
 from fastapi import FastAPI, Request
 from fastapi.responses import FileResponse, JSONResponse, Response
@@ -38,7 +39,6 @@ def thumbnail_png(path: Path) -> bytes:
 
 
 def register(app: FastAPI, st: ServeState) -> None:
-    engine = st.engine
 
     @app.get("/", include_in_schema=False)
     def page():
@@ -54,20 +54,21 @@ def register(app: FastAPI, st: ServeState) -> None:
         return FileResponse(files[name], media_type=media)
 
     @app.get("/images/{image}")
-    def image(image: str):
-        path = engine.file(image_id(image))
+    def image(image: str, indice_name: Optional[str] = None):
+        path = st.index(indice_name).engine.file(image_id(image))
         return FileResponse(path, media_type=_mime(path))
 
     @app.get("/thumbnails/{image}")
-    def thumbnail(image: str):
-        i = image_id(image)
-        data = st.thumbs.get(i)
+    def thumbnail(image: str, indice_name: Optional[str] = None):
+        served, i = st.index(indice_name), image_id(image)
+        path = served.engine.file(i)  # first: a removed or changed file is never served from the cache
+        data = st.thumbs.get((served.name, i))
         if data is None:
             try:
-                data = thumbnail_png(engine.file(i))
+                data = thumbnail_png(path)
             except ValueError as exc:
                 raise NotFound(f"image {i} cannot be read any more ({exc}); run `foco index update`") from None
-            st.thumbs[i] = data
+            st.thumbs[(served.name, i)] = data
             while len(st.thumbs) > THUMB_CACHE:
                 st.thumbs.popitem(last=False)
         return Response(data, media_type="image/png")
@@ -75,10 +76,10 @@ def register(app: FastAPI, st: ServeState) -> None:
     @app.get("/gallery")
     def gallery(request: Request):
         q = parse(GalleryQuery, dict(request.query_params))
-        rows = engine.page(q.offset, q.limit)
-        return {"total": engine.count(), "items": [{"id": r.id, "path": r.path, "width": r.width,
-                                                    "height": r.height, "thumbnail_url": f"/thumbnails/{r.id}"}
-                                                   for r in rows]}
+        served = st.index(q.indice_name)
+        total, rows = served.engine.gallery(q.offset, q.limit)  # one generation of the index: count and rows agree
+        return {"total": total, "items": [{"id": r.id, "path": r.path, "width": r.width, "height": r.height,
+                                           "thumbnail_url": st.url("thumbnails", served, r.id)} for r in rows]}
 
 
 def _mime(path: Path) -> str:

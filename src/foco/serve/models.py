@@ -5,7 +5,12 @@ violation becomes a 400 with a JSON message naming the field (`parse`), never a 
 - counts and offsets are bounded integers;
 - `embedding_input` is a list of finite JSON numbers (no strings, booleans or nested lists) of the index's
   dimension with a non-zero norm (checked against the index in `knn.py`);
-- texts are strings without control characters (`foco.utils.text`) within the server's length limit.
+- texts are strings without control characters or lone surrogates (`foco.utils.text`) within the server's length
+  limit; a blank text is refused wherever a text is searched (`SearchEngine.check_text`, the one rule of every route);
+- every number has a documented range: `chord` 0-100 (`MAX_CHORD`), `aesthetic_score` an integer 0-9 and
+  `aesthetic_weight` 0-1 (clip-retrieval's ten aesthetic levels and its client's documented weight), so that no
+  answer holds an infinity or a NaN;
+- `indice_name` names one of the served indexes (`foco.search.named`).
 """
 from __future__ import annotations
 
@@ -16,7 +21,7 @@ from typing import Annotated, Any, Optional, Union
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
                       ValidationError, field_validator)
 
-from ..search.engine import QueryError
+from ..search.engine import MAX_CHORD, QueryError
 from ..utils.text import text_problem
 
 INT64_MAX = 2 ** 63 - 1
@@ -75,7 +80,8 @@ class SearchForm(_Model):
     k: Annotated[FormInt, Field(ge=1, le=INT64_MAX)] = 10
     method: Optional[Annotated[StrictStr, Field(max_length=64)]] = None
     box: Optional[StrictStr] = None
-    chord: Annotated[Number, Field(ge=0)] = 0.0
+    chord: Annotated[Number, Field(ge=0, le=MAX_CHORD)] = 0.0
+    indice_name: Optional[Annotated[StrictStr, Field(max_length=64)]] = None
 
 
 class GalleryQuery(_Model):
@@ -83,6 +89,7 @@ class GalleryQuery(_Model):
 
     offset: Annotated[FormInt, Field(ge=0, le=2 ** 62)] = 0
     limit: Annotated[FormInt, Field(ge=1, le=500)] = 60
+    indice_name: Optional[Annotated[StrictStr, Field(max_length=64)]] = None
 
 
 class MetadataRequest(_Model):
@@ -107,8 +114,28 @@ class KnnRequest(_Model):
     use_safety_model: StrictBool = False
     use_violence_detector: StrictBool = False
     use_mclip: StrictBool = False
-    aesthetic_score: Any = None  # clip-front sends "" or a number as a string: refused unless empty (knn.py)
-    aesthetic_weight: Any = None  # ignored, as it has no effect without aesthetic embeddings
+    aesthetic_score: Optional[int] = None  # 0-9; clip-front sends "" (none) or the number as a string
+    aesthetic_weight: Optional[float] = None  # 0-1; "" is none
+
+    @field_validator("aesthetic_score", mode="before")
+    @classmethod
+    def _level(cls, v):
+        if v is None or v == "":
+            return None
+        n = _ascii_int(v)  # a JSON integer, 9.0, or "9"; 2.5 and "nine" are refused
+        if not 0 <= n <= 9:
+            raise ValueError(f"must be an aesthetic level, an integer from 0 to 9, got {v!r}")
+        return n
+
+    @field_validator("aesthetic_weight", mode="before")
+    @classmethod
+    def _weight(cls, v):
+        if v is None or v == "":
+            return None
+        x = _finite(v)
+        if not 0 <= x <= 1:
+            raise ValueError(f"must be a weight between 0 and 1, got {v!r}")
+        return x
 
     @field_validator("embedding_input")
     @classmethod

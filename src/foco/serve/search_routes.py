@@ -1,8 +1,9 @@
 """POST /search (a composed query, through the micro-batcher) and GET /attention/{token} (its heatmap).
 
-    POST /search   multipart form: reference_id | image (file), text, k, method, box "x0,y0,x1,y1", chord (lambda)
+    POST /search   multipart form: reference_id | image (file), text, k, method, box "x0,y0,x1,y1", chord (lambda,
+                   0-100), indice_name (one of the served indexes; default the first)
                    -> {"results": [{id, path, score, image_url, thumbnail_url}], "attention_url", "method", "k",
-                   "reference_size", "elapsed_ms"}
+                   "index", "reference_size", "elapsed_ms"}
 
 The form is read on the event loop (it is I/O); the upload is decoded in the CPU pool; the query waits for its
 batch's answer without holding a thread. A search keeps its attention and its reference; the heatmap PNG is drawn
@@ -53,6 +54,7 @@ def register(app: FastAPI, st: ServeState) -> None:
             if value.strip() or name == "text":  # a blank field is an unset one, as the page sends them
                 fields[name] = value
         f = parse(SearchForm, fields)
+        served = st.index(f.indice_name)
         if upload is not None and not isinstance(upload, str) and getattr(upload, "filename", None) is not None:
             data = await upload.read(limits.max_upload_bytes + 1)
             reference = await st.on_cpu(decode_upload, data, limits)
@@ -60,16 +62,18 @@ def register(app: FastAPI, st: ServeState) -> None:
             reference = f.reference_id
         else:
             raise QueryError("give a reference: reference_id (an indexed id) or image (an uploaded file)")
-        q = Query(text=f.text, reference=reference, method=f.method or st.default_method(), k=f.k,
+        q = Query(text=f.text, reference=reference, method=f.method or served.default_method(), k=f.k,
                   box=parse_box(f.box), chord=f.chord)
-        answer = await st.batcher.submit(q)
+        answer = await served.batcher.submit(q)
         token = None
         if answer.attention is not None:  # drawn only if a client asks for it (GET /attention)
-            token = st.heatmaps.put(reference, answer.attention) if isinstance(reference, int) else \
+            token = st.heatmaps.put((served.name, reference), answer.attention) if isinstance(reference, int) else \
                 await st.on_cpu(st.heatmaps.put, reference, answer.attention)
-        return {"results": [{"id": h.id, "path": h.path, "score": round(h.score, 6), "image_url": f"/images/{h.id}",
-                             "thumbnail_url": f"/thumbnails/{h.id}"} for h in answer.hits],
+        return {"results": [{"id": h.id, "path": h.path, "score": round(h.score, 6),
+                             "image_url": st.url("images", served, h.id),
+                             "thumbnail_url": st.url("thumbnails", served, h.id)} for h in answer.hits],
                 "attention_url": f"/attention/{token}" if token else None, "method": q.method, "k": q.k,
+                "index": served.name,
                 "reference_size": list(answer.reference_size) if answer.reference_size else None,
                 "elapsed_ms": round(1000 * (time.perf_counter() - t0), 1)}
 
@@ -88,7 +92,11 @@ def register(app: FastAPI, st: ServeState) -> None:
 
 def _heatmap_png(st: ServeState, reference, attention) -> bytes:
     from ..search.build import open_image
-    im = reference if isinstance(reference, Image.Image) else open_image(st.engine.file(int(reference)))
+    if isinstance(reference, Image.Image):
+        im = reference
+    else:
+        name, image_id = reference
+        im = open_image(st.index(name).engine.file(int(image_id)))
     buf = io.BytesIO()
     attention_overlay(im, torch.as_tensor(attention), HEATMAP_SIDE).save(buf, format="PNG")
     return buf.getvalue()

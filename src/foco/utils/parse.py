@@ -3,6 +3,9 @@ from __future__ import annotations
 
 import math
 
+MAX_CHORD = 100.0  # Chord's lambda, wherever it is given (foco search, foco serve): beyond it the direction term
+#                    alone orders the shortlist, and within it every score stays finite
+
 
 def number_or_word(value: str, word: str, flag: str, lo: float = -math.inf, hi: float = math.inf) -> float | str:
     """`word` itself, or a finite number in [lo, hi]; a ValueError naming `flag` otherwise."""

@@ -6,17 +6,22 @@ A text is refused, naming its file and line (or field), when it
   controls, NUL and DEL included; tab, line feed and carriage return are whitespace and allowed). Such bytes come
   from broken exports or binary data pasted into a caption, and a tokenizer would encode them as if they were
   words;
+- holds a lone surrogate (U+D800-U+DFFF): half of a UTF-16 pair, which no UTF-8 file or tokenizer can hold (a JSON
+  body's "\ud800" decodes to one);
 - is longer than `MAX_TEXT_CHARS` where a reader sets that limit (a request's text; captions are decomposed in
   pieces instead, `foco.decompose.rule`);
-- is empty after stripping whitespace, where a text is required (a modification text, a caption).
+- is blank, where a text is required (a modification text, a caption): nothing but whitespace and invisible
+  format characters (zero-width spaces and joiners, the byte-order mark, soft hyphens: Unicode's Cf category).
 
 Nothing is stripped or substituted: the fix is the user's, and the message says which character and where.
 """
 from __future__ import annotations
 
 import re
+import unicodedata
 
 _CONTROL = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile("[\ud800-\udfff]")
 MAX_TEXT_CHARS = 10_000  # a request's text (CLIP reads 77 tokens; a search box never needs more)
 
 
@@ -24,14 +29,27 @@ def text_problem(text: object, allow_empty: bool = False, max_chars: int | None 
     """What makes `text` unusable under the rule above, or None."""
     if not isinstance(text, str):
         return f"is not a string ({type(text).__name__})"
-    if not allow_empty and not text.strip():
-        return "is empty"
+    if not allow_empty and is_blank(text):
+        return "is empty" if not text.strip() else "is blank (only invisible format characters)"
     m = _CONTROL.search(text)
     if m:
         return f"holds the control character U+{ord(m.group()):04X} at character {m.start() + 1}"
+    m = _SURROGATE.search(text)
+    if m:
+        return (f"holds a lone surrogate U+{ord(m.group()):04X} at character {m.start() + 1}, which is not valid "
+                "Unicode text")
     if max_chars is not None and len(text) > max_chars:
         return f"is {len(text):,} characters long, beyond the {max_chars:,} allowed"
     return None
+
+
+def is_blank(text: str) -> bool:
+    """Whether `text` shows nothing: only whitespace and format characters (U+200B, U+FEFF, ...). It stops at the
+    first visible character, so a long caption costs nothing."""
+    for ch in text:
+        if not ch.isspace() and unicodedata.category(ch) != "Cf":
+            return False
+    return True
 
 
 def first_control(text: str) -> str | None:
