@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("faiss")
 pytest.importorskip("fastapi")
 requests = pytest.importorskip("requests")
+pytestmark = pytest.mark.slow  # a real server in a subprocess: make test runs these, make test-fast does not
 
 
 def _clip_client():

@@ -47,7 +47,7 @@ def test_vector_queries_batched_answer_what_each_gets_alone(engine, tiny_world):
 
 
 def test_knn_service_goes_through_the_batcher_and_each_answer_is_its_own(engine):
-    app = create_app({"four": engine}, ServeLimits(max_batch=32, max_wait_ms=200), watch=False)
+    app = create_app({"four": engine}, ServeLimits(max_batch=32, max_wait_ms=50), watch=False)
     texts = [f"a {c} {s}" for c in ("red", "blue", "green", "white") for s in ("circle", "star", "cross", "heart")]
     st = app.state.foco
 
