@@ -6,9 +6,10 @@
   four-image index) are built by the first worker that needs them, under a file lock in the run's shared temporary
   folder, and read by the others (`_shared`); docs/benchmarks.md "The suite" has the measurement that chose this
   over one build per worker. `FOCO_TEST_SHARED=worker` builds them in every worker instead.
-- **Isolated.** Each test gets the environment variables, working folder and torch's thread count it started with: a test that
-  changes either cannot change its neighbours'. A shared fixture's folder is fingerprinted when it is built and
-  checked when the worker ends, so a test that writes into one fails the run instead of another test.
+- **Isolated.** Each test gets the environment variables, working folder and torch's thread count it started
+  with: a test that changes any of them cannot change its neighbours'. A shared fixture's folder is fingerprinted
+  when it is built and checked when the worker ends, so a test that writes into one fails the run instead of
+  another test.
 - **Order.** The `slow` tests go first (`--order slow-first`, the default), so that the workers start the long
   end-to-end runs early and fill the end with short tests instead of one worker finishing a long test alone.
   `--order given`, `--order reverse` or `--order shuffle --order-seed N` run the tests in another order: no result

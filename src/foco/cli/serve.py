@@ -31,7 +31,7 @@ def _serve(a: argparse.Namespace) -> int:
     limits = ServeLimits(max_upload_bytes=a.max_upload_mb * 1024 * 1024, max_text_chars=a.max_text, max_k=a.max_k,
                          max_knn=a.max_knn, max_batch=a.max_batch, max_wait_ms=a.max_wait_ms)
     engine_args = {**weights(a), "box_beta": a.box_beta, "device": device(a)}
-    engines = open_engines(indexes, limits, **engine_args)  # every index checked before the server starts
+    engines = open_engines(indexes, **engine_args)  # every index checked before the server starts
     import uvicorn
     listing = "; ".join(f"{n}: {e.count()} images, methods {', '.join(e.available_methods())}"
                         for n, e in engines.items())

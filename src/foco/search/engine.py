@@ -78,8 +78,8 @@ class Query:
 
 @dataclass
 class VectorQuery:
-    """The nearest images to one text, one image or one (D,) vector, searched as it is (no composition): clip-retrieval's
-    /knn-service. `max_k` bounds k (default: the engine's limit of composed searches)."""
+    """The nearest images to one text, one image or one (D,) vector, searched as it is (no composition):
+    clip-retrieval's /knn-service. `max_k` bounds k (default: the engine's limit of composed searches)."""
     text: str | None = None
     image: Image.Image | None = None
     vector: np.ndarray | None = None

@@ -4,7 +4,8 @@ size, and the slot of its features in the on-disk arrays of `arrays.py`).
 Ids are never reused (AUTOINCREMENT), so an id a client holds names the same file, or nothing, after any update.
 Every batch of new rows is one transaction, written after its features are on disk, so a killed build keeps what
 it finished and a rerun continues. The row count is kept in the same transactions (`state.count`), so a reader
-gets a count and a page of rows from one snapshot (`snapshot`) without scanning 100M rows. The features themselves never enter SQLite: 100M ViT-L/14 vectors are 307 GB.
+gets a count and a page of rows from one snapshot (`snapshot`) without scanning 100M rows. The features
+themselves never enter SQLite: 100M ViT-L/14 vectors are 307 GB.
 """
 from __future__ import annotations
 

@@ -111,12 +111,11 @@ def _endpoint(request: Request) -> str:
     return getattr(request.scope.get("route"), "path", "other")
 
 
-def open_engines(indexes: Mapping[str, str | Path], limits: ServeLimits, **engine_args) -> dict[str, SearchEngine]:
-    """{name: engine} over the named index folders, in order; indexes of one backbone share its model."""
-    from ..search.engine import Limits
+def open_engines(indexes: Mapping[str, str | Path], **engine_args) -> dict[str, SearchEngine]:
+    """{name: engine} over the named index folders, in order; indexes of one backbone share its model. The
+    server's limits are set on each by `create_app`."""
     backbones: dict = {}
-    return {name: SearchEngine.open(folder, limits=Limits(max_k=limits.max_k, max_text_chars=limits.max_text_chars),
-                                    backbones=backbones, **engine_args) for name, folder in indexes.items()}
+    return {name: SearchEngine.open(folder, backbones=backbones, **engine_args) for name, folder in indexes.items()}
 
 
 def settings_env(indexes: Mapping[str, str | Path], engine_args: dict, limits: ServeLimits, heatmap_dir: str) -> str:
@@ -129,4 +128,4 @@ def app_from_env() -> FastAPI:
     """The app of one `foco serve --workers N` process (uvicorn's factory)."""
     cfg = json.loads(os.environ[ENV])
     limits = ServeLimits(**cfg["limits"])
-    return create_app(open_engines(cfg["indexes"], limits, **cfg["engine"]), limits, Path(cfg["heatmaps"]))
+    return create_app(open_engines(cfg["indexes"], **cfg["engine"]), limits, Path(cfg["heatmaps"]))

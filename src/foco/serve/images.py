@@ -1,5 +1,6 @@
 """The page, its assets, and the indexed images: GET /, /static/{name}, /images/{id}, /thumbnails/{id},
-/gallery (each of the last three takes `?indice_name=NAME` for another index than the default). Plain handlers, run in the server's thread pool: a file read or a thumbnail never waits for a search
+/gallery (each of the last three takes `?indice_name=NAME` for another index than the default). Plain handlers,
+run in the server's thread pool: a file read or a thumbnail never waits for a search
 (searches wait on the micro-batcher, holding no thread) and reads the image store through its own connection."""
 from __future__ import annotations
 
