@@ -1,25 +1,51 @@
 #!/usr/bin/env bash
-# PACT and TSCIR on the described protocol, 3 seeds (issue 26), with the field's recipe (docs/benchmarks.md "The three
-# trainers"), then every method's table. Resumable: each step skips what an earlier run finished.
-#   bash experiments/described_composers.sh            # RUN=runs/quickstart SEEDS="0 1 2"
+# PACT and TSCIR, 3 seeds (issues 26, 39), with the field's recipe (docs/benchmarks.md "The three trainers"), then
+# every method's table on PROTOCOLS. Resumable: each step skips what an earlier run finished.
+#   bash experiments/described_composers.sh     # RUN=runs/quickstart SEEDS="0 1 2" PROTOCOLS=described
+# SEEDS_DIR holds FoCo and foco-edits per seed (experiments/quickstart_seeds.py). PACT's mapper starts from the
+# same seed's Pic2Word mapper (RUN/described-methods/p2w-sS, trained here by experiments/described_methods.py first)
+# when MAPPER=per-seed, or from RUN/field/pic2word (experiments/field_table.py) when MAPPER=field.
+# PARALLEL=1 trains the PACT and TSCIR chains side by side, one thread each (on 2 cores: faster than in turn).
 set -euo pipefail
 RUN=${RUN:-runs/quickstart}
 SEEDS=${SEEDS:-0 1 2}
+SEEDS_DIR=${SEEDS_DIR:-runs/seeds}
+PROTOCOLS=${PROTOCOLS:-described}
+MAPPER=${MAPPER:-field}
+PARALLEL=${PARALLEL:-0}
 FOCO=${FOCO:-.venv/bin/foco}
 PY=${PY:-.venv/bin/python}
 OUT=$RUN/described-methods
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 t() { local s=$SECONDS; "$@"; echo "[$(date -u +%H:%M:%S)] $((SECONDS - s)) s: $*" >&2; }
-[ -f "$RUN/edits2.sqlite" ] || t "$FOCO" edits generate --in "$RUN/world" --out "$RUN/edits2.sqlite" --per-caption 3
-E="--features $RUN/features/train --edits $RUN/edits2.sqlite --edit-features $RUN/edits2-texts"
-pact=() tscir=()
-for s in $SEEDS; do
-  [ -f "$OUT/pact-s$s/composer.json" ] || t "$FOCO" pact train $E --out "$OUT/pact-s$s" --seed "$s" \
-      --mapper-init "$RUN/field/pic2word" --identity-epochs 0 --joint-epochs 2 --lr-mapper 1e-4 --lr-text 1e-4
-  [ -f "$OUT/tscir-s$s/composer.json" ] || t "$FOCO" tscir train $E --out "$OUT/tscir-s$s" --seed "$s" \
-      --stage1-epochs 2 --stage2-epochs 3 --lr-stage2 1e-4 --world "$RUN/world"
-  pact+=("$OUT/pact-s$s") tscir+=("$OUT/tscir-s$s")
-done
 join() { local IFS=,; echo "$*"; }
-t "$PY" experiments/described_methods.py --run "$RUN" --seeds "$(join $SEEDS)" \
-    --pact "$(join "${pact[@]}")" --tscir "$(join "${tscir[@]}")"
+methods() { t "$PY" experiments/described_methods.py --run "$RUN" --seeds-dir "$SEEDS_DIR" --seeds "$(join $SEEDS)" \
+    --protocols "$PROTOCOLS" "$@"; }
+[ -f "$RUN/edits2.sqlite" ] || t "$FOCO" edits generate --in "$RUN/world" --out "$RUN/edits2.sqlite" --per-caption 3
+[ "$MAPPER" = per-seed ] && methods  # trains each seed's Pic2Word, evaluates what is trained so far
+# the edit texts' encodings: one cache, or one per chain when the chains run side by side (no two writers)
+texts() { if [ "$PARALLEL" = 1 ]; then echo "$RUN/edits2-texts-$1"; else echo "$RUN/edits2-texts"; fi; }
+E="--features $RUN/features/train --edits $RUN/edits2.sqlite"
+mapper() { if [ "$MAPPER" = per-seed ]; then echo "$OUT/p2w-s$1"; else echo "$RUN/field/pic2word"; fi; }
+pact_chain() { for s in $SEEDS; do
+  [ -f "$OUT/pact-s$s/composer.json" ] || t "$FOCO" pact train $E --edit-features "$(texts pact)" --out "$OUT/pact-s$s" --seed "$s" \
+      --mapper-init "$(mapper "$s")" --identity-epochs 0 --joint-epochs 2 --lr-mapper 1e-4 --lr-text 1e-4
+done; }
+tscir_chain() { for s in $SEEDS; do
+  [ -f "$OUT/tscir-s$s/composer.json" ] || t "$FOCO" tscir train $E --edit-features "$(texts tscir)" --out "$OUT/tscir-s$s" --seed "$s" \
+      --stage1-epochs 2 --stage2-epochs 3 --lr-stage2 1e-4 --world "$RUN/world"
+done; }
+if [ "$PARALLEL" = 1 ]; then
+  mkdir -p "$OUT"
+  OMP_NUM_THREADS=1 pact_chain > "$OUT/pact-chain.log" 2>&1 &
+  p=$!
+  OMP_NUM_THREADS=1 tscir_chain > "$OUT/tscir-chain.log" 2>&1 &
+  q=$!
+  wait $p && wait $q
+else
+  pact_chain
+  tscir_chain
+fi
+pact=() tscir=()
+for s in $SEEDS; do pact+=("$OUT/pact-s$s") tscir+=("$OUT/tscir-s$s"); done
+methods --pact "$(join "${pact[@]}")" --tscir "$(join "${tscir[@]}")"

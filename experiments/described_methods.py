@@ -9,7 +9,9 @@ trained with `foco pic2word train`'s defaults (the reference's input and optimis
 as experiments/pic2word_reference.py) on RUN/features/train with seed s. slerp's alpha is chosen on val/described;
 sum, image and text have no seed. PACT and TSCIR take --pact/--tscir checkpoints (comma-separated, one per seed)
 when given. Writes RUN/described-methods/{p2w-sS, test-sS.json, results.json} and prints the Markdown table
-(mean +- sample sd over seeds). Reuses what an earlier run left.
+(mean +- sample sd over seeds), with each trained method's text reliance (median cos between its query with its
+own text and with another query's; experiments/foco_text_reliance.py). --protocols single,described evaluates
+both, into RUN/described-methods/results-single-described.json. Reuses what an earlier run left.
 """
 from __future__ import annotations
 
@@ -39,6 +41,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2")
     ap.add_argument("--pact", default=None, help="PACT checkpoints, one per seed, comma-separated")
     ap.add_argument("--tscir", default=None, help="TSCIR checkpoints, one per seed, comma-separated")
+    ap.add_argument("--protocols", default="described", help="comma-separated test protocols, e.g. single,described")
     a = ap.parse_args()
     run, seeds_dir = Path(a.run), Path(a.seeds_dir)
     out = run / "described-methods"
@@ -46,53 +49,98 @@ def main() -> None:
     backbone = json.loads((run / "foco" / "foco.json").read_text())["backbone"]
     t0 = time.time()
     for split in ("val", "test"):
-        cache = run / "features" / f"{split}-described"
-        _run(["features", "extract", "--backbone", backbone, "--world", run / "world", "--split",
-              f"{split}/described", "--out", cache])
+        for protocol in a.protocols.split(","):
+            cache = run / "features" / f"{split}-{protocol}"
+            _run(["features", "extract", "--backbone", backbone, "--world", run / "world", "--split",
+                  f"{split}/{protocol}", "--out", cache])
     pact = a.pact.split(",") if a.pact else []
     tscir = a.tscir.split(",") if a.tscir else []
-    per_seed = {}
+    protocols = a.protocols.split(",")
+    spec = json.loads((run / "backbone.json").read_text())["backbone"] if (run / "backbone.json").is_file() \
+        else backbone
+    per_seed = {p: {} for p in protocols}
+    reliance_rows: dict[str, dict[str, list[float]]] = {p: {} for p in protocols}
     for n, s in enumerate(seeds):
         p2w = out / f"p2w-s{s}"
         if not (p2w / "pic2word.safetensors").is_file():
             _run(["pic2word", "train", "--features", run / "features" / "train", "--out", p2w, "--epochs", "2",
                   "--lr", "5e-4", "--batch-size", "128", "--seed", s])
         seed_run = seeds_dir / f"seed-{s}"
-        result = out / f"test-s{s}.json"
-        if not result.is_file():
-            _run(["eval", "--world", run / "world", "--features", run / "features", "--split", "test",
-                  "--protocols", "described", "--methods", "foco,foco-edits,pic2word,slerp,sum,image,text",
-                  "--checkpoint", seed_run / "foco", "--foco-edits", seed_run / "foco-edits", "--pic2word", p2w,
-                  "--out", result])
-        per_seed[s] = json.loads(result.read_text())
-        # PACT and TSCIR, when given, in a file of their own: the methods above are evaluated once
-        composers, extra = [], []
+        trained = {"foco": {"checkpoint": seed_run / "foco"}, "foco-edits": {"foco_edits": seed_run / "foco-edits"},
+                   "pic2word": {"pic2word": p2w}}
         if pact:
-            composers.append("pact")
-            extra += ["--pact", pact[n]]
+            trained["pact"] = {"pact": Path(pact[n])}
         if tscir:
-            composers.append("tscir")
-            extra += ["--tscir", tscir[n]]
-        if composers:
-            more = out / f"test-{'-'.join(composers)}-s{s}.json"
-            if not more.is_file():
+            trained["tscir"] = {"tscir": Path(tscir[n])}
+        for protocol in protocols:
+            tag = "" if protocol == "described" else f"{protocol}-"
+            result = out / f"test-{tag}s{s}.json"
+            if not result.is_file():
                 _run(["eval", "--world", run / "world", "--features", run / "features", "--split", "test",
-                      "--protocols", "described", "--methods", ",".join(composers), *extra, "--out", more])
-            per_seed[s]["methods"].update(json.loads(more.read_text())["methods"])
-    rows = {}
-    for name in ORDER:
-        runs = [r["methods"][name] for r in per_seed.values() if name in r["methods"]]
-        if runs:
-            rows[name] = {k: dict(zip(("mean", "sd"), mean_sd([m[k] for m in runs]))) for k in SHOW}
-            rows[name]["seeds"] = len(runs)
-    chosen = {s: r["chosen"] for s, r in per_seed.items()}
-    atomic_write_text(out / "results.json", json.dumps({"rows": rows, "seeds": seeds, "chosen": chosen,
-                                                        "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
-    print("| method | seeds | " + " | ".join(SHOW) + " |")
-    print("|---|---|" + "---|" * len(SHOW))
-    for name, row in rows.items():
-        print(f"| {name} | {row['seeds']} | " + " | ".join(f"{row[k]['mean']:.1f} ± {row[k]['sd']:.1f}" for k in SHOW)
-              + " |")
+                      "--protocols", protocol, "--methods", "foco,foco-edits,pic2word,slerp,sum,image,text",
+                      "--checkpoint", seed_run / "foco", "--foco-edits", seed_run / "foco-edits", "--pic2word", p2w,
+                      "--out", result])
+            per_seed[protocol][s] = json.loads(result.read_text())
+            # PACT and TSCIR, when given, in a file of their own: the methods above are evaluated once
+            composers, extra = [], []
+            if pact:
+                composers.append("pact")
+                extra += ["--pact", pact[n]]
+            if tscir:
+                composers.append("tscir")
+                extra += ["--tscir", tscir[n]]
+            if composers:
+                more = out / f"test-{tag}{'-'.join(composers)}-s{s}.json"
+                if not more.is_file():
+                    _run(["eval", "--world", run / "world", "--features", run / "features", "--split", "test",
+                          "--protocols", protocol, "--methods", ",".join(composers), *extra, "--out", more])
+                per_seed[protocol][s]["methods"].update(json.loads(more.read_text())["methods"])
+            for name, value in _reliance(run, protocol, spec, trained, out / f"reliance-{tag}s{s}.json").items():
+                reliance_rows[protocol].setdefault(name, []).append(value)
+    tables = {}
+    for protocol in protocols:
+        rows = {}
+        for name in ORDER:
+            runs = [r["methods"][name] for r in per_seed[protocol].values() if name in r["methods"]]
+            if runs:
+                rows[name] = {k: dict(zip(("mean", "sd"), mean_sd([m[k] for m in runs]))) for k in SHOW}
+                rows[name]["seeds"] = len(runs)
+                if name in reliance_rows[protocol]:
+                    rows[name]["text reliance"] = dict(zip(("mean", "sd"), mean_sd(reliance_rows[protocol][name])))
+        tables[protocol] = {"rows": rows, "chosen": {s: r["chosen"] for s, r in per_seed[protocol].items()}}
+    name = "results.json" if protocols == ["described"] else f"results-{'-'.join(protocols)}.json"
+    atomic_write_text(out / name, json.dumps({"protocols": tables, "seeds": seeds,
+                                              "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
+    for protocol, table in tables.items():
+        print(f"\n{protocol}, test\n")
+        print("| method | seeds | " + " | ".join(SHOW) + " | text reliance |")
+        print("|---|---|" + "---|" * (len(SHOW) + 1))
+        for method, row in table["rows"].items():
+            rel = row.get("text reliance")
+            print(f"| {method} | {row['seeds']} | " + " | ".join(f"{row[k]['mean']:.1f} ± {row[k]['sd']:.1f}"
+                                                              for k in SHOW)
+                  + (f" | {rel['mean']:.3f} ± {rel['sd']:.3f} |" if rel else " | – |"))
+
+
+def _reliance(run: Path, protocol: str, spec: str, trained: dict, cache: Path) -> dict[str, float]:
+    """Text reliance of each trained method (experiments/foco_text_reliance.py), cached in `cache`."""
+    if cache.is_file():
+        return json.loads(cache.read_text())
+    import sys
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from foco_text_reliance import reliance
+
+    from foco import create_backbone
+    from foco.benchmarks.world import load_world_part
+    from foco.methods import build_method
+    bench, feats = load_world_part(run / "world", "test", protocol, run / "features" / f"test-{protocol}")
+    backbone = create_backbone(spec)
+    out = {}
+    for name, options in trained.items():
+        method = build_method(name, backbone=backbone, **options)
+        out[name] = reliance(method, bench, feats)["cos(query, query with another text)"]
+    atomic_write_text(cache, json.dumps(out, indent=1) + "\n")
+    return out
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """How much the quickstart's headline numbers move with the training seed: `foco quickstart` with each seed, then
 mean and sample standard deviation of every method's metrics.
 
-    python experiments/quickstart_seeds.py --seeds 0,1,2 --out runs/seeds [--size default] [--precision auto]
+    python experiments/quickstart_seeds.py --seeds 0,1,2 --out runs/seeds [--size default] [--precision auto] \
+        [--backbone vit]
 
 Seed s runs in OUT/seed-s. The world, the backbone, the decompositions, the features and the edit triplets do not
 depend on the training seed, so the later seeds link to the first seed's (symbolic links: feature caches key image
@@ -37,6 +38,7 @@ def main() -> None:
     ap.add_argument("--out", required=True, help="output folder (one quickstart folder per seed)")
     ap.add_argument("--size", default="default", choices=["tiny", "default"], help="world size")
     ap.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="as foco quickstart's")
+    ap.add_argument("--backbone", default="vit", choices=["vit", "cnn"], help="as foco quickstart's")
     a = ap.parse_args()
     seeds = [int(s) for s in a.seeds.split(",")]
     out = Path(a.out)
@@ -46,7 +48,7 @@ def main() -> None:
         if i:
             _link_shared(out / f"seed-{seeds[0]}", folder)
         t0 = time.time()
-        runs[seed] = run_quickstart(folder, a.size, seed=seed, precision=a.precision)
+        runs[seed] = run_quickstart(folder, a.size, seed=seed, precision=a.precision, backbone=a.backbone)
         wall[seed] = round(time.time() - t0, 1)
         print(f"seed {seed}: {wall[seed]} s", flush=True)
     methods = list(runs[seeds[0]]["methods"])
@@ -57,7 +59,7 @@ def main() -> None:
             vals = [runs[s]["methods"][m][k] for s in seeds]
             summary[m][k] = {"mean": statistics.fmean(vals), "sd": statistics.stdev(vals) if len(vals) > 1 else 0.0,
                              "values": vals}
-    report = {"seeds": seeds, "size": a.size, "precision": runs[seeds[0]]["precision"], "wall_s": wall,
+    report = {"seeds": seeds, "size": a.size, "backbone": a.backbone, "precision": runs[seeds[0]]["precision"], "wall_s": wall,
               "metrics": summary, "timings_s": {s: runs[s]["timings_s"] for s in seeds}}
     (out / "seeds.json").write_text(json.dumps(report, indent=2) + "\n")
     lines = ["| method | " + " | ".join(f"{k} mean ± sd" for k in HEADLINE) + " |",

@@ -31,12 +31,12 @@ def test_quickstart_tiny(tmp_path, capsys):
     figs = sorted((out / "figures").glob("*.png"))
     assert len(figs) >= 5 and (out / "figures" / "r1_by_edit_type.png").is_file()
     assert (out / "foco" / "loss_curve.png").is_file() and (out / "foco-edits" / "loss_curve.png").is_file()
-    assert res["backbone"] == "world:pretrained" and not (out / "backbone").exists()
+    assert res["backbone"] == "world:vit" and not (out / "backbone").exists()
     assert res["precision"] in ("fp32", "bf16")
     precision = ["--precision", res["precision"]]
     if res.get("index"):  # foco serve works right after the demo: an index of the test gallery, features reused
         index = json.loads((out / "index" / "index.json").read_text())
-        assert index["count"] == res["protocols"]["single"]["gallery"] and index["backbone"] == "world:pretrained"
+        assert index["count"] == res["protocols"]["single"]["gallery"] and index["backbone"] == "world:vit"
         assert index["last_run"]["skipped"] == 0
     # a second run reuses every stage and gives the same numbers
     assert main(["quickstart", "--out", str(out), "--size", "tiny"]) == 0

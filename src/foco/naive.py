@@ -40,6 +40,8 @@ def aggr_one(aggr: FAggr, c: torch.Tensor, vg: torch.Tensor, patches: torch.Tens
         att = torch.softmax(logit, dim=0)  # (P, h)
         out = (att[..., None] * v).sum(0).reshape(D)
         xq = query + aggr.o_proj(out)
+    if hasattr(aggr, "block_ffn"):  # the paper-size shape: the block's own feed-forward layer
+        xq = xq + aggr.block_ffn(xq)
     v_loc = xq + aggr.ffn(xq)
     alpha = att.mean(1)  # (P,)
     P = alpha.shape[0]

@@ -13,7 +13,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from .backbones.world import PRETRAINED, load_world_backbone
+from .backbones.world import PRETRAINED, VIT, load_world_backbone
 from .benchmarks.base import CIRBenchmark
 from .benchmarks.cache import PartFeatures
 from .benchmarks.world import read_world
@@ -45,22 +45,28 @@ def _stage(name: str):
 
 def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomposer: str = "oracle",
                    train_backbone: bool = False, world_seed: int = 0, precision: str = "auto",
-                   device: str = "auto") -> dict:
+                   device: str = "auto", backbone: str = "vit") -> dict:
     """`decomposer` other than oracle (the paper's rule-based ablation) trains and evaluates into its own
     folders (features/train-<name>, foco-<name>, results-<name>.json) beside the oracle run, reusing the rest.
 
-    The backbone is the pretrained one shipped with foco (`world:pretrained`, trained by `foco backbone train` on
-    the default world's pretrain split, seed 0; its sha256 is checked at load), as a user starts from pretrained
-    CLIP weights. `train_backbone` trains one on this world instead, into `out`/backbone. `seed` seeds the training
+    The backbone (`backbone`: "vit", `world:vit`, or "cnn", `world:pretrained`) is one shipped with foco (trained by
+    `foco backbone train` on the default world's pretrain split, seed 0; its sha256 is checked at load), as a user
+    starts from pretrained CLIP weights. `train_backbone` trains one of that kind on this world instead, into
+    `out`/backbone, with the shipped weights' training settings. `seed` seeds the training
     (FoCo, foco-edits, and the backbone when trained); `world_seed` seeds the world. `precision` ("auto": bf16 where
-    the CPU has it natively, else fp32) applies to feature extraction and FoCo training. `device` ("auto": CUDA
+    the CPU has it natively, else fp32) applies to feature extraction and FoCo training; a trained backbone takes
+    the shipped weights' own (their config.json's "precision", fp32 where absent). `device` ("auto": CUDA
     where present) runs the backbone and every training."""
     out = Path(out)
     suffix = "" if decomposer == "oracle" else f"-{decomposer}"
     plan = quickstart_plan(size)
     device = str(resolve_device(device))
     precision = resolve_precision(precision, device)
-    plan = replace(plan, backbone=replace(plan.backbone, seed=seed, device=device),
+    if backbone not in QUICKSTART_BACKBONES:
+        raise ValueError(f"quickstart backbone {backbone!r}: choose one of {', '.join(QUICKSTART_BACKBONES)}")
+    shipped = QUICKSTART_BACKBONES[backbone]
+    plan = replace(plan, backbone=replace(shipped_train_config(shipped, plan.backbone, schedule=size != "tiny"),
+                                          seed=seed, device=device),
                    foco=replace(plan.foco, seed=seed, precision=precision, device=device))
     log.info("precision: %s (%s)", precision, "native bfloat16 on this CPU" if precision == "bf16" else
              "no native bfloat16 here")
@@ -71,10 +77,13 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     timings["world_s"] = time.time() - t
 
     t = _stage("backbone" + (" (training)" if train_backbone else " (pretrained, shipped with foco)"))
-    bb_dir = out / "backbone" if train_backbone else PRETRAINED
+    bb_dir = out / "backbone" if train_backbone else shipped
     if train_backbone and not (bb_dir / "metrics.json").is_file():
         train_world_backbone(world, bb_dir, plan.backbone)
     backbone = load_world_backbone(bb_dir, device)
+    if backbone.cfg.image_tower != backbone_kind(shipped):
+        raise ValueError(f"{bb_dir} holds a {backbone.cfg.image_tower} backbone, not the {backbone_kind(shipped)} "
+                         f"--backbone asks for: choose another --out")
     _check_backbone(out / "backbone.json", backbone.spec)
     timings["backbone_s"] = time.time() - t
 
@@ -127,6 +136,28 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
     return results
 
 
+QUICKSTART_BACKBONES = {"vit": VIT, "cnn": PRETRAINED}  # --backbone -> the shipped weights' name
+
+
+def backbone_kind(shipped: str) -> str:
+    return "cnn" if shipped == PRETRAINED else "vit"
+
+
+def shipped_train_config(shipped: str, base, schedule: bool = True):
+    """The training settings the shipped weights were made with (their config.json's "train" and "config"), so that
+    --train-backbone trains the same kind the same way. `schedule=False` keeps `base`'s epochs and batch size (the
+    tiny world has too few pairs for the default world's schedule) and takes the rest."""
+    from .backbones.world import WorldBackboneConfig, pretrained_dir
+    from .utils.io import read_json
+    meta = read_json(pretrained_dir(shipped) / "config.json")
+    raw = dict(meta["config"])
+    raw["widths"] = tuple(raw["widths"])
+    train = meta.get("train") or {}
+    names = ("lr", "weight_decay", "warmup_frac", "grad_clip") + (("epochs", "batch_size") if schedule else ())
+    keep = {k: train[k] for k in names if k in train}
+    return replace(base, **keep, precision=meta.get("precision", "fp32"), model=WorldBackboneConfig(**raw))
+
+
 def build_gallery_index(world: Path, features: Path, out: Path, backbone, precision: str) -> str | None:
     """`foco index build` of the world's single-protocol test gallery, reusing the features already extracted for
     it, so that `foco serve --index OUT` works right after the demo. Skipped (None) without FAISS."""
@@ -155,9 +186,8 @@ def _check_backbone(record: Path, spec: str) -> None:
     if record.is_file():
         have = json.loads(record.read_text()).get("backbone")
         if have != spec:
-            flag = "without" if spec.endswith(":" + PRETRAINED) else "with"
-            raise ValueError(f"{record.parent} was made with the backbone {have}, not {spec}: rerun {flag} "
-                             "--train-backbone, or choose another --out")
+            raise ValueError(f"{record.parent} was made with the backbone {have}, not {spec}: rerun with the "
+                             "--backbone and --train-backbone it was made with, or choose another --out")
         return
     atomic_write_text(record, json.dumps({"backbone": spec}) + "\n")
 

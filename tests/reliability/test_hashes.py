@@ -79,21 +79,22 @@ def test_a_world_backbone_whose_weights_changed_is_refused(tmp_path):
         load_world_backbone(tmp_path / "bb")
 
 
-def test_the_shipped_backbone_is_checked_and_recorded_by_name(monkeypatch, tmp_path):
+@pytest.mark.parametrize("name", ["pretrained", "vit"])
+def test_the_shipped_backbone_is_checked_and_recorded_by_name(monkeypatch, tmp_path, name):
     import shutil
     from foco.backbones import world as W
-    bb = W.load_world_backbone("pretrained")
-    assert bb.spec == "world:pretrained"
-    meta = json.loads((W.pretrained_dir() / "config.json").read_text())
+    bb = W.load_world_backbone(name)
+    assert bb.spec == f"world:{name}"
+    meta = json.loads((W.pretrained_dir(name) / "config.json").read_text())
     assert meta["provenance"]["command"].startswith("foco backbone train") and meta["provenance"]["machine"]
     copy = tmp_path / "assets"
-    shutil.copytree(W.pretrained_dir(), copy)
+    shutil.copytree(W.pretrained_dir(name), copy)
     data = bytearray((copy / "model.safetensors").read_bytes())
     data[-1] ^= 1
     (copy / "model.safetensors").write_bytes(bytes(data))
-    monkeypatch.setattr(W, "pretrained_dir", lambda: copy)
+    monkeypatch.setattr(W, "pretrained_dir", lambda _name: copy)
     with pytest.raises(ValueError, match=r"does not match the sha256.*reinstall foco.*--train-backbone"):
-        W.load_world_backbone("pretrained")
+        W.load_world_backbone(name)
 
 
 def test_circo_val_and_test_never_share_an_export_folder(tiny_world, tmp_path):

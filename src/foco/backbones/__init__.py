@@ -1,7 +1,9 @@
 """Backbones: the `Backbone` protocol and its implementations, behind a small registry.
 
     create_backbone("hf:openai/clip-vit-large-patch14")   # transformers CLIP / SigLIP, local dir or HF cache
-    create_backbone("world:runs/world-backbone")           # the embedded world's backbone
+    create_backbone("world:vit")                           # the embedded world's ViT backbone, shipped
+    create_backbone("world:pretrained")                    # the embedded world's CNN backbone, shipped
+    create_backbone("world:runs/world-backbone")           # a world backbone trained with `foco backbone train`
 """
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ def canonical_spec(spec: str) -> str:
     `hf:PATH`), a name (`world:pretrained`, a hub id) as it is. Two spellings of one backbone compare equal."""
     import os
     kind, sep, arg = spec.partition(":")
-    if not sep or kind not in BACKBONES or (kind == "world" and arg == "pretrained"):
+    if not sep or kind not in BACKBONES or (kind == "world" and arg in ("pretrained", "vit")):
         return spec
     path = os.path.expanduser(arg)
     return f"{kind}:{os.path.realpath(path)}" if os.path.isdir(path) else spec

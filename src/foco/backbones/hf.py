@@ -100,6 +100,16 @@ def _needs_torchvision(processor: object) -> bool:
     return isinstance(processor, TorchvisionBackend)
 
 
+def clip_vit_read(vision_model: torch.nn.Module, projection: torch.nn.Module, hidden: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """How foco reads a CLIP ViT: the vision encoder's last hidden state (B, 1 + P, W) through its final norm and
+    the visual projection; the class token is the global (B, D, raw: equal to `get_image_features`) and the patch
+    tokens, through the same norm and projection, are the patches (B, P, D). The world's ViT backbone
+    (`foco.backbones.world`, image_tower "vit") reads its tower with this same function."""
+    projected = projection(vision_model.post_layernorm(hidden))  # (B, 1 + P, D)
+    return projected[:, 0], projected[:, 1:]
+
+
 class HFBackbone:
     """A frozen transformers CLIP or SigLIP model exposing FoCo's `Backbone` protocol.
 
@@ -217,10 +227,8 @@ class HFBackbone:
             out = self.model.vision_model(pixel_values=pixels, return_dict=True)
             hidden = out.last_hidden_state  # CLIP: (B, 1 + P, W); SigLIP: (B, P, D)
             if self.family == _CLIP:
-                normed = self.model.vision_model.post_layernorm(hidden)  # (B, 1 + P, W)
-                projected = self.model.visual_projection(normed)  # (B, 1 + P, D)
-                global_ = projected[:, 0]  # (B, D)
-                patches = projected[:, 1:]  # (B, P, D)
+                global_, patches = clip_vit_read(self.model.vision_model, self.model.visual_projection,
+                                                 hidden)  # (B, D), (B, P, D)
             else:
                 global_ = out.pooler_output  # (B, D), MAP head
                 patches = hidden  # (B, P, D), already post_layernorm-ed

@@ -1,8 +1,14 @@
 """The `world` backbone: a small CLIP-style dual encoder that learns the embedded world on a CPU.
 
-* Image tower: a residual CNN whose final 8 x 8 feature map gives the patch tokens, pooled by CLIP-ResNet-style
-  attention pooling into the global feature. Patch features go through the same value and output projections as
-  the pooled token (as MaskCLIP reads dense features out of CLIP's attention pool), so they live in the joint space.
+* Image tower, one of two (`image_tower`):
+  - "vit" (`world:vit`, the demo's): transformers' own `CLIPVisionModelWithProjection`, a small ViT over 8 x 8
+    pixel patches. It is read exactly as `foco.backbones.hf` reads CLIP ViT (`clip_vit_read`): the global is the
+    class token through the final norm and the visual projection; the patches are the last layer's patch tokens
+    through the same norm and projection. Nothing makes the global a pooled mix of the patch vectors.
+  - "cnn" (`world:pretrained`): a residual CNN whose final 8 x 8 feature map gives the patch tokens, pooled by
+    CLIP-ResNet-style attention pooling into the global feature. Patch features go through the same value and output
+    projections as the pooled token (as MaskCLIP reads dense features out of CLIP's attention pool), so they live in
+    the joint space; the global is then an attention-weighted mix of (nearly) the patch vectors themselves.
 * Text tower: all-MiniLM-L6-v2 (pretrained, frozen) followed by a small trainable transformer over its token
   states. The global feature is the [CLS] position; every token goes through the same final norm and projection.
 
@@ -38,10 +44,26 @@ class WorldBackboneConfig:
     text_heads: int = 4
     max_text_len: int = 40  # tokens, [CLS] and [SEP] included
     text_encoder: str = MINILM_PACKAGE  # a python package shipping the frozen encoder, or a local directory
+    image_tower: str = "cnn"  # "cnn" or "vit" (module docstring); a config without the key is a CNN's
+    patch_size: int = 8  # vit: pixels per patch side
+    vit_width: int = 192  # vit: transformer width
+    vit_layers: int = 4  # vit: transformer layers
+    vit_heads: int = 4  # vit: attention heads
+
+    def __post_init__(self):
+        if self.image_tower not in IMAGE_TOWERS:
+            raise ValueError(f"image_tower {self.image_tower!r}: choose one of {', '.join(IMAGE_TOWERS)}")
+        if self.image_tower == "vit" and (self.image_size % self.patch_size or self.vit_width % self.vit_heads):
+            raise ValueError(f"vit: image_size {self.image_size} must be a multiple of patch_size {self.patch_size} "
+                             f"and vit_width {self.vit_width} of vit_heads {self.vit_heads}")
 
     @property
     def num_patches(self) -> int:
-        return (self.image_size // 8) ** 2
+        side = self.patch_size if self.image_tower == "vit" else 8
+        return (self.image_size // side) ** 2
+
+
+IMAGE_TOWERS = ("cnn", "vit")
 
 
 def _conv_bn(c_in: int, c_out: int, stride: int) -> nn.Sequential:
@@ -81,6 +103,25 @@ class ImageTower(nn.Module):
         global_ = self.c_proj(pooled)  # (B, D)
         patches = self.c_proj(self.v_proj(tokens[:, 1:]))  # (B, P, D)
         return global_, patches
+
+
+class ViTTower(nn.Module):
+    """transformers' `CLIPVisionModelWithProjection`, read as foco reads CLIP ViT (`clip_vit_read`)."""
+
+    def __init__(self, cfg: WorldBackboneConfig):
+        super().__init__()
+        from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+        vc = CLIPVisionConfig(hidden_size=cfg.vit_width, intermediate_size=4 * cfg.vit_width,
+                              num_hidden_layers=cfg.vit_layers, num_attention_heads=cfg.vit_heads,
+                              image_size=cfg.image_size, patch_size=cfg.patch_size, projection_dim=cfg.embed_dim,
+                              num_channels=3)
+        vc._attn_implementation = "sdpa"
+        self.clip = CLIPVisionModelWithProjection(vc)
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from .hf import clip_vit_read
+        hidden = self.clip.vision_model(pixel_values=x).last_hidden_state  # (B, 1 + P, W)
+        return clip_vit_read(self.clip.vision_model, self.clip.visual_projection, hidden)  # (B, D), (B, P, D)
 
 
 class TextHead(nn.Module):
@@ -164,7 +205,7 @@ class WorldCLIP(nn.Module):
     def __init__(self, cfg: WorldBackboneConfig):
         super().__init__()
         self.cfg = cfg
-        self.image = ImageTower(cfg)
+        self.image = ViTTower(cfg) if cfg.image_tower == "vit" else ImageTower(cfg)
         self.text = TextHead(cfg)
         self.logit_scale = nn.Parameter(torch.tensor(float(np.log(1 / 0.07))))
 
@@ -250,12 +291,14 @@ class WorldBackbone:
 
 CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
-PRETRAINED = "pretrained"  # `world:pretrained`: the weights shipped with foco (foco/assets/world_backbone)
+PRETRAINED = "pretrained"  # `world:pretrained`: the CNN weights shipped with foco (foco/assets/world_backbone)
+VIT = "vit"  # `world:vit`: the ViT weights shipped with foco (foco/assets/world_vit), the demo's backbone
+SHIPPED = {PRETRAINED: "world_backbone", VIT: "world_vit"}  # name -> folder under foco/assets
 
 
-def pretrained_dir() -> Path:
-    """The folder of the world backbone shipped inside the package (see its config.json's "provenance")."""
-    return Path(__file__).resolve().parent.parent / "assets" / "world_backbone"
+def pretrained_dir(name: str = PRETRAINED) -> Path:
+    """The folder of a world backbone shipped inside the package (see its config.json's "provenance")."""
+    return Path(__file__).resolve().parent.parent / "assets" / SHIPPED[name]
 
 
 def save_world_checkpoint(model: WorldCLIP, path: str | Path, extra: dict | None = None) -> None:
@@ -273,14 +316,15 @@ def save_world_checkpoint(model: WorldCLIP, path: str | Path, extra: dict | None
 
 
 def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") -> WorldBackbone:
-    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved). `pretrained` names the weights
-    shipped with foco; a folder of that name is reached as `./pretrained`. The weights must match the sha256 their
-    config records."""
+    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved). `pretrained` (the CNN) and `vit`
+    name the weights shipped with foco; a folder of such a name is reached as `./pretrained`, `./vit`. The weights
+    must match the sha256 their config records."""
     from ..utils.io import load_tensors, load_weights, read_json, sha256_file
-    shipped = str(path) == PRETRAINED
-    path = pretrained_dir() if shipped else Path(path)
-    fix = "reinstall foco (`pip install -e .`), or train one with `foco quickstart --train-backbone`" if shipped \
-        else "retrain it with `foco backbone train`"
+    name = str(path)
+    shipped = name in SHIPPED
+    path = pretrained_dir(name) if shipped else Path(path)
+    fix = ("reinstall foco (`pip install -e .`), or train one with `foco quickstart --train-backbone`" if shipped \
+            else "retrain it with `foco backbone train`")
     if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"no world backbone at {path}: expected {CONFIG_NAME} and {WEIGHTS_NAME}; {fix}")
     meta = read_json(path / CONFIG_NAME)
@@ -296,6 +340,6 @@ def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") ->
     raw["widths"] = tuple(raw["widths"])
     model = WorldCLIP(WorldBackboneConfig(**raw))
     load_weights(model, load_tensors(path / WEIGHTS_NAME, fix), path / WEIGHTS_NAME, fix)
-    backbone = WorldBackbone(model, str(path), device, name=PRETRAINED if shipped else None)
+    backbone = WorldBackbone(model, str(path), device, name=name if shipped else None)
     backbone.weights_sha256 = want or sha256_file(path / WEIGHTS_NAME)  # provenance: what the weights are
     return backbone

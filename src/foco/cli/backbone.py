@@ -4,14 +4,18 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_allow_changed, add_device_arg, add_owned_output, nonneg_int, positive_float, positive_int,
+from .common import (add_allow_changed, add_device_arg, add_owned_output, add_precision_arg, nonneg_int, positive_float, positive_int,
                      print_table)
 
 
 def _train(a: argparse.Namespace) -> int:
+    from ..backbones.world import WorldBackboneConfig
     from ..train.world_backbone import BackboneTrainConfig, train_world_backbone
+    model = WorldBackboneConfig(image_tower=a.image_tower, vit_width=a.vit_width, vit_layers=a.vit_layers,
+                                vit_heads=a.vit_heads, patch_size=a.patch_size)
     cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
-                              device=a.device, allow_changed=tuple(a.allow_changed))
+                              device=a.device, allow_changed=tuple(a.allow_changed), model=model,
+                              precision=a.precision)
     metrics = train_world_backbone(a.world, a.out, cfg, resume=not a.no_resume)
     print_table("world backbone on backbone_val", metrics)
     print(f"saved to {a.out} (model.safetensors + config.json); use it as --backbone world:{a.out}")
@@ -40,7 +44,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
     t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")
+    t.add_argument("--image-tower", choices=("cnn", "vit"), default="cnn",
+                   help="cnn: the residual CNN with an attention pool (world:pretrained); vit: transformers' "
+                        "CLIPVisionModelWithProjection, read as foco reads CLIP ViT (world:vit)")
+    t.add_argument("--vit-width", type=positive_int, default=192, help="vit: transformer width")
+    t.add_argument("--vit-layers", type=positive_int, default=4, help="vit: transformer layers")
+    t.add_argument("--vit-heads", type=positive_int, default=4, help="vit: attention heads (must divide the width)")
+    t.add_argument("--patch-size", type=positive_int, default=8, help="vit: pixels per patch side (divides 64)")
     add_device_arg(t)
+    add_precision_arg(t)
     add_allow_changed(t)
     t.set_defaults(func=_train)
     e = bb.add_parser("eval", help="caption<->image retrieval of a backbone on a pairs split")

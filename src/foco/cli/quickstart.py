@@ -11,7 +11,8 @@ def _quickstart(a: argparse.Namespace) -> int:
     from ..eval.report import metrics_table
     from ..quickstart import run_quickstart
     t0 = time.time()
-    res = run_quickstart(a.out, a.size, a.seed, a.decomposer, a.train_backbone, a.world_seed, a.precision, a.device)
+    res = run_quickstart(a.out, a.size, a.seed, a.decomposer, a.train_backbone, a.world_seed, a.precision, a.device,
+                         backbone=a.backbone)
     print(f"Benchmark: {res['benchmark']} " + ", ".join(f"{p}: {v['queries']} queries / {v['gallery']} gallery"
                                                      for p, v in res["protocols"].items()) + "\n")
     print(metrics_table(res["methods"], digits=1))
@@ -41,9 +42,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     qs.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
     qs.add_argument("--decomposer", default="oracle", choices=["oracle", "rule"],
                     help="training decompositions; rule (spaCy) is the paper's ablation and trains beside oracle")
+    qs.add_argument("--backbone", default="vit", choices=["vit", "cnn"],
+                    help="the world backbone's image tower: vit (world:vit, the default: transformers' CLIP vision "
+                         "tower, read as foco reads CLIP ViT) or cnn (world:pretrained, the CNN with an attention "
+                         "pool); both are shipped with foco")
     qs.add_argument("--train-backbone", action="store_true",
-                    help="train the world backbone on this world (about 4 min) instead of loading the pretrained "
-                         "weights shipped with foco (world:pretrained)")
+                    help="train the world backbone (of --backbone's kind, with its shipped training settings) on "
+                         "this world instead of loading the weights shipped with foco")
     qs.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"],
                     help="of feature extraction and FoCo training; auto: bf16 autocast where the CPU computes "
                          "bfloat16 natively (AMX, AVX512-BF16), else fp32")

@@ -79,6 +79,7 @@ def pair_source(a: argparse.Namespace):
 def _train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..model import FoCoConfig
+    from ..model.encoder import shape_fields
     from ..train.foco import FoCoTrainConfig, train_foco
     from ..train.inputs import edit_records, edit_table, features_backbone, pair_table
     check_resume(a)
@@ -87,7 +88,8 @@ def _train(a: argparse.Namespace) -> int:
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
                           max_negatives=a.max_negatives, seed=a.seed,
-                          model=FoCoConfig(learn_bias=a.learn_bias, background=a.background),
+                          model=FoCoConfig(learn_bias=a.learn_bias, background=a.background,
+                                           **shape_fields(a.shape)),
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
@@ -190,6 +192,10 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--background", default="complement", choices=AGGR_BACKGROUNDS,
                     help="how F_Aggr's inverse attention weighs the patches for the background feature "
                          "(src/foco/model/aggr.py gives each reading's formula)")
+    tr.add_argument("--shape", default="paper", choices=("paper", "compact"),
+                    help="F_Aggr's and F_Comp's module shapes: paper (38.4M trainable parameters at D = 768, the "
+                         "paper's 38M) or compact (23.0M at D = 768, foco's shape before issue 39); "
+                         "docs/architecture.md gives both")
     tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     tr.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                     help="torch.compile the training step (default backend inductor; for GPUs: compiling takes a "

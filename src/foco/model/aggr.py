@@ -1,8 +1,11 @@
 """F_Aggr, text-anchored visual aggregation (paper §3.2, eq. 1).
 
-q = MLP(c ⊙ v_g) attends over the patch features V_p with one 8-head cross-attention layer followed by a
-feed-forward projection; the result is the localized feature v_loc. The background feature aggregates the patches
-with the *inverse* of the attention map: with α_p the head-averaged attention on patch p (Σ_p α_p = 1),
+q = MLP(c ⊙ v_g) attends over the patch features V_p with "a single-layer cross-attention block followed by a
+feed-forward projection"; the result is the localized feature v_loc. In the paper-size shape the block is a
+transformer block (8-head cross-attention, then its own feed-forward layer, pre-norm residuals) and the projection
+a second feed-forward layer; in the compact shape the block is the attention layer alone (`block_ffn_ratio` 0).
+The background feature aggregates the patches with the *inverse* of the attention map: with α_p the head-averaged
+attention on patch p (Σ_p α_p = 1),
 
     w_p = (1 - α_p) / Σ_p' (1 - α_p') ,    v̄ = Σ_p w_p V_p,
 
@@ -66,14 +69,18 @@ class FAggr(nn.Module):
     """Args:
         dim: D, the backbone's joint-space width.
         heads: attention heads (8 in the paper).
-        mlp_ratio: hidden width of the query MLP and the feed-forward projection, as a multiple of D.
+        mlp_ratio: hidden width of the query MLP, as a multiple of D.
+        ffn_ratio: hidden width of the feed-forward projection after the block (None: `mlp_ratio`).
+        block_ffn_ratio: the cross-attention block's own feed-forward layer (pre-norm residual, as in a
+            transformer block), as a multiple of D; 0 (the compact shape): the block is the attention layer alone.
         query: how the query is formed (module docstring; "text-image" is the paper's).
         attention: "cross-attention" (the paper's) or "dot-product" (ablation 4b).
         background: how the inverse attention weighs the patches (module docstring; "complement" is today's).
     """
 
     def __init__(self, dim: int, heads: int = 8, mlp_ratio: float = 2.0, query: str = "text-image",
-                 attention: str = "cross-attention", background: str = "complement"):
+                 attention: str = "cross-attention", background: str = "complement",
+                 ffn_ratio: float | None = None, block_ffn_ratio: float = 0.0):
         super().__init__()
         if background not in AGGR_BACKGROUNDS:
             raise ValueError(f"F_Aggr background {background!r}: choose one of {', '.join(AGGR_BACKGROUNDS)}")
@@ -94,7 +101,11 @@ class FAggr(nn.Module):
         self.norm_q, self.norm_kv = nn.LayerNorm(dim), nn.LayerNorm(dim)
         if not self.dot:
             self.q_proj, self.k_proj, self.v_proj, self.o_proj = (nn.Linear(dim, dim) for _ in range(4))
-        self.ffn = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim))
+        if block_ffn_ratio > 0:
+            wide = int(dim * block_ffn_ratio)
+            self.block_ffn = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, wide), nn.GELU(), nn.Linear(wide, dim))
+        out = int(dim * (mlp_ratio if ffn_ratio is None else ffn_ratio))
+        self.ffn = nn.Sequential(nn.LayerNorm(dim), nn.Linear(dim, out), nn.GELU(), nn.Linear(out, dim))
 
     def keys_values(self, patches: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, P, D) patches -> keys and values (B, h, P, D/h), computed once per image (dot-product: h = 1, the
@@ -144,7 +155,9 @@ class FAggr(nn.Module):
         attn = logits.softmax(-1)  # (B, h, T, P)
         out = (attn @ v).transpose(1, 2).reshape(B, T, D)  # (B, T, D)
         x = query + (out if self.dot else self.o_proj(out))  # (B, T, D)
-        v_loc = x + self.ffn(x)  # (B, T, D)
+        if hasattr(self, "block_ffn"):
+            x = x + self.block_ffn(x)  # (B, T, D), the block's own feed-forward layer
+        v_loc = x + self.ffn(x)  # (B, T, D), the feed-forward projection
         alpha = attn.mean(1)  # (B, T, P), sums to 1 over P
         inv = background_weights(self.background, alpha, logits.transpose(1, 2))  # (B, T, P)
         background = inv @ patches  # (B, T, D)

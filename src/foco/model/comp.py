@@ -57,12 +57,22 @@ class CompBlock(nn.Module):
 COMP_LAYERS = ("transformer", "attention")
 
 
+def mapping_network(dim: int, mlp_ratio: float) -> nn.Sequential:
+    """A modality-specific mapping network (f_t, f_v): a two-layer MLP of hidden width `mlp_ratio` x D then a
+    LayerNorm (the paper-size shape); `mlp_ratio` 0: one linear layer then a LayerNorm (the compact shape)."""
+    if mlp_ratio <= 0:
+        return nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
+    hidden = int(dim * mlp_ratio)
+    return nn.Sequential(nn.Linear(dim, hidden), nn.GELU(), nn.Linear(hidden, dim), nn.LayerNorm(dim))
+
+
 class FComp(nn.Module):
     """Args:
         dim: D, the joint-space width.
         heads: attention heads per block (8 in the paper).
         depth: transformer blocks (2 in the paper).
         mlp_ratio: feed-forward width as a multiple of D.
+        map_mlp_ratio: hidden width of f_t and f_v as a multiple of D (`mapping_network`; 0: one linear layer).
         use_background: put v̄ into S (ablation 5b removes it).
         anchor_init: initialise the query with v_loc (True, paper) or a learned token (ablation 5c).
         layers: "transformer" (the paper's `depth` blocks) or "attention" (ablation 5a, the transformer blocks
@@ -70,12 +80,13 @@ class FComp(nn.Module):
     """
 
     def __init__(self, dim: int, heads: int = 8, depth: int = 2, mlp_ratio: float = 4.0,
-                 use_background: bool = True, anchor_init: bool = True, layers: str = "transformer"):
+                 use_background: bool = True, anchor_init: bool = True, layers: str = "transformer",
+                 map_mlp_ratio: float = 0.0):
         super().__init__()
         if layers not in COMP_LAYERS:
             raise ValueError(f"F_Comp layers {layers!r}: choose one of {', '.join(COMP_LAYERS)}")
-        self.f_t = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
-        self.f_v = nn.Sequential(nn.Linear(dim, dim), nn.LayerNorm(dim))
+        self.f_t = mapping_network(dim, map_mlp_ratio)
+        self.f_v = mapping_network(dim, map_mlp_ratio)
         if layers == "attention":
             self.blocks = nn.ModuleList([CompBlock(dim, heads, mlp_ratio, ffn=False)])
         else:

@@ -19,11 +19,18 @@ from .comp import FComp
 
 @dataclass
 class FoCoConfig:
+    """The module shapes default to the paper's size (`SHAPES["paper"]`: 38.4M trainable parameters at D = 768,
+    the paper's "38M"; docs/architecture.md gives the readings of its words and their counts). `shape("compact")`
+    is the shape foco used before (23.0M at D = 768); a checkpoint whose config predates the shape fields loads as
+    compact (`FoCoConfig.from_dict`)."""
     dim: int = 256  # D, the backbone's joint-space width (set from the backbone)
     heads: int = 8  # attention heads in F_Aggr and F_Comp
     comp_depth: int = 2  # transformer blocks in F_Comp
-    aggr_mlp_ratio: float = 2.0
-    comp_mlp_ratio: float = 4.0
+    aggr_mlp_ratio: float = 2.0  # hidden width of F_Aggr's query MLP(c ⊙ v_g), x D
+    comp_mlp_ratio: float = 4.0  # feed-forward width in each F_Comp block, x D
+    aggr_block_ffn_ratio: float = 4.0  # the feed-forward layer of F_Aggr's cross-attention block, x D; 0: none
+    aggr_ffn_ratio: float = 4.0  # F_Aggr's feed-forward projection after the block, x D
+    map_mlp_ratio: float = 4.0  # f_t and f_v: two-layer MLPs of this hidden width, x D; 0: one linear layer
     use_background: bool = True  # put the inverse-attention background into F_Comp's sequence (False: 5b)
     anchor_init: bool = True  # F_Comp's query starts from v_loc (False: a learned token, 5c)
     aggr_query: str = "text-image"  # F_Aggr's query MLP(c ⊙ v_g); "learned" (4a), "text" (MLP(c)): model.aggr
@@ -33,6 +40,42 @@ class FoCoConfig:
     init_temperature: float = 0.1  # tau at the start; learnable
     learn_bias: bool = False  # a learnable logit bias in the sigmoid loss (off = paper-exact)
     init_bias: float = -10.0  # the bias's starting value when learn_bias is on (SigLIP's choice)
+
+
+# Named module shapes: the fields each sets (everything else stays as given).
+SHAPES: dict[str, dict[str, float]] = {
+    "paper": {"aggr_mlp_ratio": 2.0, "comp_mlp_ratio": 4.0, "aggr_block_ffn_ratio": 4.0, "aggr_ffn_ratio": 4.0,
+              "map_mlp_ratio": 4.0},
+    "compact": {"aggr_mlp_ratio": 2.0, "comp_mlp_ratio": 4.0, "aggr_block_ffn_ratio": 0.0, "aggr_ffn_ratio": 2.0,
+                "map_mlp_ratio": 0.0},
+}
+# What a config written before the shape fields existed meant: the compact shape, with F_Aggr's feed-forward
+# projection as wide as its query MLP.
+_LEGACY = ("aggr_block_ffn_ratio", "aggr_ffn_ratio", "map_mlp_ratio")
+
+
+def shape_fields(name: str) -> dict[str, float]:
+    """The FoCoConfig fields of a named shape ("paper", "compact")."""
+    if name not in SHAPES:
+        raise ValueError(f"FoCo shape {name!r}: choose one of {', '.join(SHAPES)}")
+    return dict(SHAPES[name])
+
+
+def config_from_dict(raw: dict) -> FoCoConfig:
+    """A FoCoConfig from a checkpoint's JSON; a config that predates the shape fields is the compact shape."""
+    raw = dict(raw)
+    if not any(k in raw for k in _LEGACY):
+        raw.update({k: v for k, v in SHAPES["compact"].items() if k in _LEGACY})
+        raw["aggr_ffn_ratio"] = raw.get("aggr_mlp_ratio", 2.0)
+    unknown = set(raw) - set(FoCoConfig.__dataclass_fields__)
+    if unknown:
+        raise ValueError(f"FoCo config has unknown fields {sorted(unknown)}: written by a newer foco?")
+    return FoCoConfig(**raw)
+
+
+def shape_of(cfg: FoCoConfig) -> str | None:
+    """The named shape `cfg` has, or None."""
+    return next((n for n, f in SHAPES.items() if all(getattr(cfg, k) == v for k, v in f.items())), None)
 
 
 @dataclass
@@ -49,9 +92,9 @@ class ComposedQueryEncoder(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio, cfg.aggr_query, cfg.aggr_attention,
-                          cfg.background)
+                          cfg.background, ffn_ratio=cfg.aggr_ffn_ratio, block_ffn_ratio=cfg.aggr_block_ffn_ratio)
         self.comp = FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background,
-                          cfg.anchor_init, cfg.comp_layers)
+                          cfg.anchor_init, cfg.comp_layers, map_mlp_ratio=cfg.map_mlp_ratio)
         t0 = torch.tensor(1.0 / cfg.init_temperature).log()
         self.log_scale_aggr = nn.Parameter(t0.clone())  # log(1/tau) for L_aggr
         self.log_scale_comp = nn.Parameter(t0.clone())  # log(1/tau) for L_comp
@@ -71,6 +114,10 @@ class ComposedQueryEncoder(nn.Module):
         h = self.comp(v_loc, background, modification.tokens, modification.mask)  # (B, 1, D)
         return ComposedQuery(h[:, 0], attn[:, 0], v_loc[:, 0])
 
+    def num_trainable(self) -> int:
+        """F_Aggr's and F_Comp's parameters (the temperatures and biases are not counted)."""
+        return sum(p.numel() for m in (self.aggr, self.comp) for p in m.parameters() if p.requires_grad)
+
     def save(self, path: str | Path) -> None:
         from safetensors.torch import save as st_save
         from ..utils.io import atomic_write_bytes, atomic_write_text
@@ -84,7 +131,7 @@ class ComposedQueryEncoder(nn.Module):
         from ..utils.io import load_tensors, load_weights
         path = Path(path)
         meta = checkpoint_meta(path)
-        model = ComposedQueryEncoder(FoCoConfig(**meta["config"]))
+        model = ComposedQueryEncoder(config_from_dict(meta["config"]))
         weights = path / "foco.safetensors"
         fix = "retrain it with `foco train`, or point --checkpoint at a FoCo checkpoint folder"
         load_weights(model, load_tensors(weights, fix), weights, fix)

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from .loop import Losses, LoopConfig, Phase, recorded_settings, run, settings_of
 from ..metrics import diagonal_recalls
 from ..utils.device import resolve_device, to_device
+from ..utils.precision import resolve_precision
 from ..utils.io import atomic_write_text, iter_batches, load_image
 from ..utils.provenance import provenance
 from ..utils.progress import progress
@@ -38,6 +39,7 @@ class BackboneTrainConfig:
     device: str = "auto"  # foco.utils.device: "auto", "cpu", "cuda", "cuda:N"
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     threads: int | None = None  # torch intra-op threads; None keeps torch's default
+    precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast; "auto": bf16 where native
     model: WorldBackboneConfig = field(default_factory=WorldBackboneConfig)
 
 
@@ -86,7 +88,8 @@ def clip_loss(img: torch.Tensor, txt: torch.Tensor, logit_scale: torch.Tensor) -
 def _param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     decay, no_decay = [], []
     for name, p in model.named_parameters():
-        (no_decay if p.ndim < 2 or name.endswith("pos") or "logit_scale" in name else decay).append(p)
+        skip = p.ndim < 2 or name.endswith("pos") or "position_embedding" in name or "logit_scale" in name
+        (no_decay if skip else decay).append(p)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
@@ -142,11 +145,12 @@ def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainC
                   record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
     history = run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone",
                                                   device=device, settings=settings_of(cfg),
+                                                  precision=resolve_precision(cfg.precision, device),
                                                   allow_changed=frozenset(cfg.allow_changed)), rng, resume)
     train_s = time.time() - t0
     backbone = WorldBackbone(model, str(out), device)
     metrics = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
-    save_world_checkpoint(model, out, extra={**recorded_settings(history),
+    save_world_checkpoint(model, out, extra={**recorded_settings(history), "precision": cfg.precision,
                                               "world": str(Path(world).resolve()), "metrics": metrics,
                                               "provenance": provenance()})
     atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
