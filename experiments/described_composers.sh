@@ -3,7 +3,7 @@
 # every method's table on PROTOCOLS. Resumable: each step skips what an earlier run finished.
 #   bash experiments/described_composers.sh     # RUN=runs/quickstart SEEDS="0 1 2" PROTOCOLS=described
 # SEEDS_DIR holds FoCo and foco-edits per seed (experiments/quickstart_seeds.py). PACT's mapper starts from the
-# same seed's Pic2Word mapper (RUN/described-methods/p2w-sS, trained here by experiments/described_methods.py first)
+# same seed's Pic2Word mapper (RUN/described-methods/p2w-sS, trained here first with described_methods.py's settings)
 # when MAPPER=per-seed, or from RUN/field/pic2word (experiments/field_table.py) when MAPPER=field.
 # PARALLEL=1 trains the PACT and TSCIR chains side by side, one thread each (on 2 cores: faster than in turn).
 set -euo pipefail
@@ -22,7 +22,12 @@ join() { local IFS=,; echo "$*"; }
 methods() { t "$PY" experiments/described_methods.py --run "$RUN" --seeds-dir "$SEEDS_DIR" --seeds "$(join $SEEDS)" \
     --protocols "$PROTOCOLS" "$@"; }
 [ -f "$RUN/edits2.sqlite" ] || t "$FOCO" edits generate --in "$RUN/world" --out "$RUN/edits2.sqlite" --per-caption 3
-[ "$MAPPER" = per-seed ] && methods  # trains each seed's Pic2Word, evaluates what is trained so far
+if [ "$MAPPER" = per-seed ]; then  # each seed's Pic2Word, as experiments/described_methods.py trains it (no evaluation)
+  for s in $SEEDS; do
+    [ -f "$OUT/p2w-s$s/pic2word.safetensors" ] || t "$FOCO" pic2word train --features "$RUN/features/train" \
+        --out "$OUT/p2w-s$s" --epochs 2 --lr 5e-4 --batch-size 128 --seed "$s"
+  done
+fi
 # the edit texts' encodings: one cache, or one per chain when the chains run side by side (no two writers)
 texts() { if [ "$PARALLEL" = 1 ]; then echo "$RUN/edits2-texts-$1"; else echo "$RUN/edits2-texts"; fi; }
 E="--features $RUN/features/train --edits $RUN/edits2.sqlite"

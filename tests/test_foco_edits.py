@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from foco.backbones.base import ImageFeatures, TextFeatures
 from foco.model import ComposedQueryEncoder, FoCoConfig
+from foco.model.encoder import shape_fields
 from foco.train.edit_data import EditBatch
 from foco.train.losses import edit_losses
 
@@ -74,7 +75,8 @@ def _train(train_features, tiny_world, out, stage3, edits, resume=False):  # noq
     table = build_pair_table(train_features, world_decompositions(tiny_world, "train"))
     cfg = FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, batch_size=64, lr_stage1=1e-3, lr_aggr=5e-4,
                           lr_comp=5e-4, stage3_epochs=stage3, lr_edit_aggr=1e-3, lr_edit_comp=1e-3,
-                          model=FoCoConfig(learn_bias=True))
+                          model=FoCoConfig(learn_bias=True, **shape_fields("compact")))
+    # the shape this test was calibrated on (issue 39 made "paper" the default): what it checks is the edit stage
     return train_foco(table, out, cfg, resume=resume, edits=edits)
 
 
