@@ -47,12 +47,16 @@ def main() -> None:
     out = run / "described-methods"
     seeds = [int(s) for s in a.seeds.split(",")]
     backbone = json.loads((run / "foco" / "foco.json").read_text())["backbone"]
+    # the run's own encoding precision: the quickstart's feature caches were extracted at it, and a cache refuses
+    # to be extended at another
+    report = run / "results.json"
+    precision = json.loads(report.read_text()).get("precision", "fp32") if report.is_file() else "fp32"
     t0 = time.time()
     for split in ("val", "test"):
         for protocol in a.protocols.split(","):
             cache = run / "features" / f"{split}-{protocol}"
             _run(["features", "extract", "--backbone", backbone, "--world", run / "world", "--split",
-                  f"{split}/{protocol}", "--out", cache])
+                  f"{split}/{protocol}", "--out", cache, "--precision", precision])
     pact = a.pact.split(",") if a.pact else []
     tscir = a.tscir.split(",") if a.tscir else []
     protocols = a.protocols.split(",")
@@ -123,9 +127,11 @@ def main() -> None:
 
 
 def _reliance(run: Path, protocol: str, spec: str, trained: dict, cache: Path) -> dict[str, float]:
-    """Text reliance of each trained method (experiments/foco_text_reliance.py), cached in `cache`."""
-    if cache.is_file():
-        return json.loads(cache.read_text())
+    """Text reliance of each trained method (experiments/foco_text_reliance.py), cached per method in `cache`."""
+    out = json.loads(cache.read_text()) if cache.is_file() else {}
+    todo = {name: options for name, options in trained.items() if name not in out}
+    if not todo:
+        return {name: out[name] for name in trained}
     import sys
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from foco_text_reliance import reliance
@@ -135,12 +141,11 @@ def _reliance(run: Path, protocol: str, spec: str, trained: dict, cache: Path) -
     from foco.methods import build_method
     bench, feats = load_world_part(run / "world", "test", protocol, run / "features" / f"test-{protocol}")
     backbone = create_backbone(spec)
-    out = {}
-    for name, options in trained.items():
+    for name, options in todo.items():
         method = build_method(name, backbone=backbone, **options)
         out[name] = reliance(method, bench, feats)["cos(query, query with another text)"]
     atomic_write_text(cache, json.dumps(out, indent=1) + "\n")
-    return out
+    return {name: out[name] for name in trained}
 
 
 if __name__ == "__main__":
