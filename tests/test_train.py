@@ -85,3 +85,38 @@ def test_stage2_updates_both_modules(tiny_world, train_features, tmp_path):
     both = train_foco(table, tmp_path / "s2", FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, batch_size=64))
     assert not torch.equal(both.comp.out.weight, init.comp.out.weight)
     assert not torch.equal(both.aggr.q_proj.weight, stage1.aggr.q_proj.weight)
+
+
+def test_max_and_min_pairs_select_pairs_and_images(tiny_world, train_features, tmp_path, capsys):
+    """--max-pairs K keeps each image's first K pairs; --min-pairs M leaves out (and counts) the images with fewer
+    than M; the slow twin counts each image's pairs from the decompositions themselves."""
+    from foco.train.data import build_pair_table
+    from foco.train.foco import FoCoTrainConfig, _with_pairs
+    from foco.world import load_pairs
+    decs = {p.id: p.decomposition for p in load_pairs(tiny_world, "train")}
+    table = build_pair_table(train_features, decs)
+    per_image = {i: min(len(decs[i].pairs), 5) for i in table.ids}  # the slow twin: pairs per image
+    assert max(per_image.values()) >= 3 > min(per_image.values())  # the tiny world has both kinds
+    k2 = _with_pairs(table, FoCoTrainConfig(max_pairs=2))
+    assert k2.local_idx.shape[1] == 2 and len(k2) == len(table)
+    assert torch.equal(k2.local_idx, table.local_idx[:, :2])  # each image's first pairs
+    m3 = _with_pairs(table, FoCoTrainConfig(max_pairs=3, min_pairs=3))
+    want = [i for i in table.ids if per_image[i] >= 3]
+    assert m3.ids == want and bool((m3.local_idx >= 0).all())  # every kept image has exactly 3
+    assert f"training on {len(want)} of {len(table.ids)} images" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="min_pairs must be between 1 and max_pairs"):
+        train_foco_cfg = FoCoTrainConfig(max_pairs=2, min_pairs=3)
+        from foco.train.foco import train_foco
+        train_foco(table, tmp_path / "bad", train_foco_cfg)
+    with pytest.raises(ValueError, match="no training image has that many"):
+        _with_pairs(table, FoCoTrainConfig(max_pairs=9, min_pairs=9))
+
+
+def test_cli_records_max_and_min_pairs(tiny_world, train_features, tmp_path):
+    from foco.cli import main
+    out = tmp_path / "k"
+    assert main(["train", "--world", str(tiny_world), "--features", str(train_features), "--out", str(out),
+                 "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "64", "--max-pairs", "2",
+                 "--min-pairs", "2"]) == 0
+    train = json.loads((out / "foco.json").read_text())["train"]
+    assert (train["max_pairs"], train["min_pairs"]) == (2, 2)

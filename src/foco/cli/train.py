@@ -87,7 +87,8 @@ def _train(a: argparse.Namespace) -> int:
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco train
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
-                          max_negatives=a.max_negatives, seed=a.seed,
+                          max_negatives=a.max_negatives, seed=a.seed, max_pairs=a.max_pairs,
+                          min_pairs=a.min_pairs,
                           model=FoCoConfig(learn_bias=a.learn_bias, background=a.background,
                                            **shape_fields(a.shape)),
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
@@ -107,7 +108,7 @@ def _train(a: argparse.Namespace) -> int:
     else:
         if a.features is None:
             raise ValueError("foco train needs --features (a feature cache or corpus), or --online with --backbone")
-        table, sharded = pair_table(pair_source(a), env)
+        table, sharded = pair_table(pair_source(a), env, max_pairs=a.max_pairs)
         spec = features_backbone(a.features)
         from ..train.inputs import features_provenance
         provenance = features_provenance(a.features)
@@ -187,6 +188,13 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--lr-aggr", type=positive_float, default=5e-5, help="F_Aggr's learning rate in stage 2")
     tr.add_argument("--lr-comp", type=positive_float, default=3e-5, help="F_Comp's learning rate in stage 2")
     tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
+    tr.add_argument("--max-pairs", type=positive_int, default=5,
+                    help="K: the decomposition pairs used per image, each image's first ones (the paper's K = 4 "
+                         "peak, Fig. 3; 1 is ablation 3b). A store holds at most what it was decomposed with: "
+                         "`foco decompose --max-pairs`")
+    tr.add_argument("--min-pairs", type=positive_int, default=1,
+                    help="leave out images with fewer decomposition pairs than this (the count is printed); "
+                         "--min-pairs K --max-pairs K trains every image on exactly K pairs")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
     from ..model.aggr import AGGR_BACKGROUNDS
     tr.add_argument("--background", default="complement", choices=AGGR_BACKGROUNDS,

@@ -44,6 +44,7 @@ class FoCoTrainConfig:
     loss: str = "sigmoid"  # the multi-positive sigmoid loss; "infonce" is ablation 2a (train/losses.py)
     negatives: str = "cross-instance"  # "naive" is ablation 2b/2c: intra-image negatives (train/losses.py)
     max_pairs: int = 5  # K, decomposition pairs used per image (the first ones); 1 is ablation 3b
+    min_pairs: int = 1  # images with fewer decomposition pairs are left out of training (the K curve: --min-pairs K)
     # stage 3, trained with edits (foco-edits): NOT in the FoCo paper; 0 epochs (the default) is the paper's recipe
     stage3_epochs: int = 0
     lr_edit_aggr: float = 1e-4  # F_Aggr in stage 3
@@ -185,7 +186,7 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
     _check_ablations(cfg)
     cfg = replace(cfg, model=replace(cfg.model, dim=_dim(table)))
-    table = table.with_max_pairs(cfg.max_pairs)
+    table = _with_pairs(table, cfg)
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)  # the negatives: drawn on the CPU, the same on every device
@@ -222,6 +223,25 @@ def _dim(table) -> int:
     return int(table.dim) if hasattr(table, "dim") else int(table.image_global.shape[1])
 
 
+def _with_pairs(table, cfg: FoCoTrainConfig):
+    """The table with each image's first `max_pairs` pairs, and without the images that have fewer than
+    `min_pairs` (their count is printed: leaving images out is never silent)."""
+    table = table.with_max_pairs(cfg.max_pairs)
+    if cfg.min_pairs <= 1:
+        return table
+    if not hasattr(table, "local_idx"):
+        raise ValueError("--min-pairs needs a feature cache (foco train --features): an --online table does not know "
+                         "each image's pairs before it reads them")
+    counts = (table.local_idx >= 0).sum(1)  # (N,) pairs per image
+    keep = {i for i, n in zip(table.ids, counts.tolist()) if n >= cfg.min_pairs}
+    if not keep:
+        raise ValueError(f"--min-pairs {cfg.min_pairs}: no training image has that many decomposition pairs (most: "
+                         f"{int(counts.max()) if len(counts) else 0}); lower --min-pairs or decompose with more pairs")
+    print(f"--min-pairs {cfg.min_pairs}: training on {len(keep)} of {len(counts)} images (the other "
+          f"{len(counts) - len(keep)} have fewer pairs)", flush=True)
+    return table.subset(keep) if len(keep) < len(counts) else table
+
+
 def _check_ablations(cfg: FoCoTrainConfig) -> None:
     from .losses import LOSSES, NEGATIVES
     if cfg.loss not in LOSSES:
@@ -230,6 +250,9 @@ def _check_ablations(cfg: FoCoTrainConfig) -> None:
         raise ValueError(f"negatives {cfg.negatives!r}: choose one of {', '.join(NEGATIVES)}")
     if cfg.max_pairs < 1:
         raise ValueError(f"max_pairs (K) must be at least 1, got {cfg.max_pairs}")
+    if not 1 <= cfg.min_pairs <= cfg.max_pairs:
+        raise ValueError(f"min_pairs must be between 1 and max_pairs ({cfg.max_pairs}), got {cfg.min_pairs} "
+                         "(foco train --min-pairs, --max-pairs)")
 
 
 def _add_meta(out: Path, meta: dict) -> None:
