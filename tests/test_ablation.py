@@ -148,3 +148,21 @@ def test_background_readings_are_variants_outside_the_papers_table():
                      "signs": {"agree": 0, "ablations": 0, "beyond_noise": 0, "min_seeds": 3}})
     assert "| background-reciprocal | v̄ |" in text and "not in the paper" in text and "above full: no" in text
     assert ABLATIONS.get("background-reciprocal").paper_delta is None
+
+
+def test_quoted_paper_figures_are_labelled_not_in_the_seed():
+    """The ablation figures quoted for the paper are not in the seed (its table is a placeholder): a table prints
+    the seed's sign and labels the quoted delta; a row without a quoted figure shows the sign alone."""
+    from foco.ablation.run import markdown
+    from foco.ablation.variants import ABLATIONS
+    rows = [{"variant": "full", "paper_id": "full", **{m: {"mean": 1.0, "sd": 0.0} for m in ("R@1", "Rs@1", "mAP@10")}}]
+    for name in ("infonce-loss", "no-aggr-loss-in-stage2"):
+        v = ABLATIONS.get(name)
+        rows.append({"variant": name, "paper_id": v.paper_id, "in_paper": True,
+                     **{m: {"mean": 1.0, "sd": 0.0} for m in ("R@1", "Rs@1", "mAP@10")},
+                     "delta_R@1": {"mean": -0.5, "sd": 0.1}, "paper_delta_R@1": v.paper_delta,
+                     "sign": {"agrees": True, "counts": False, "t": -1.0}})
+    text = markdown({"recipe": "paper", "split": "val", "seeds": [0], "rows": rows,
+                     "signs": {"agree": 2, "ablations": 2, "beyond_noise": 0, "min_seeds": 3}})
+    assert "< 0 (-1.4, not in the seed)" in text
+    assert [line for line in text.splitlines() if line.startswith("| no-aggr-loss-in-stage2")][0].count("< 0 |") == 1
