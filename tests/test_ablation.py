@@ -166,3 +166,26 @@ def test_quoted_paper_figures_are_labelled_not_in_the_seed():
                      "signs": {"agree": 2, "ablations": 2, "beyond_noise": 0, "min_seeds": 3}})
     assert "< 0 (-1.4, not in the seed)" in text
     assert [line for line in text.splitlines() if line.startswith("| no-aggr-loss-in-stage2")][0].count("< 0 |") == 1
+
+
+@pytest.mark.slow
+def test_k_curve_trains_k_1_to_5_and_plots(tiny_world, tiny_features, tmp_path):
+    """`--variants k-curve`: K = 1..5 (3b, k-2, k-3, k-4 and the full model's 5), each trained with its own K, the
+    curve in ablations.json and as a figure."""
+    from foco.ablation.run import k_curve
+    out = tmp_path / "k"
+    assert main(_args(tiny_world, tiny_features, out, "--variants", "k-curve")) == 0
+    table = json.loads((out / "ablations.json").read_text())["paper"]["val"]
+    names = [r["variant"] for r in table["rows"]]
+    assert names == ["full", "one-pair-per-image", "k-2", "k-3", "k-4"]
+    for r in table["rows"]:
+        cfg = json.loads((out / "paper" / r["variant"] / "seed0" / "foco.json").read_text())
+        assert cfg["train"]["max_pairs"] == r["k"]
+    curve = table["k_curve"]
+    assert curve["k"] == [1, 2, 3, 4, 5] and curve["variants"][-1] == "full" and curve["paper_peak_k"] == 4
+    by_k = {r["k"]: r for r in table["rows"]}
+    assert curve["mAP@10"]["mean"] == [by_k[k]["mAP@10"]["mean"] for k in range(1, 6)]  # the slow twin: by hand
+    assert curve["peak_k"] == max(range(1, 6), key=lambda k: by_k[k]["mAP@10"]["mean"])
+    assert (out / "k-curve-paper-val.png").stat().st_size > 10_000
+    assert "Fig. 3 (the curve below)" in (out / "ablations.md").read_text()
+    assert k_curve([r for r in table["rows"] if r["variant"] == "full"]) is None  # one K is not a curve

@@ -256,7 +256,7 @@ def tabulate(cfg: AblateConfig, results: dict[str, dict[int, dict]]) -> dict:
     rows = []
     for v in cfg.variants:
         per_seed = results[v.name]
-        row = {"variant": v.name, "paper_id": v.paper_id, "what": v.what, "seeds": sorted(per_seed)}
+        row = {"variant": v.name, "paper_id": v.paper_id, "what": v.what, "seeds": sorted(per_seed), "k": v.k}
         for m in METRICS:
             mean, sd = mean_sd([per_seed[s][m] for s in sorted(per_seed)])
             row[m] = {"mean": round(mean, 2), "sd": round(sd, 2)}
@@ -270,10 +270,48 @@ def tabulate(cfg: AblateConfig, results: dict[str, dict[int, dict]]) -> dict:
             row["sign"] = sign_verdict(deltas, -1 if v.in_paper else 1)  # not in the paper: is it above the full?
         rows.append(row)
     ablated = [r for r in rows if r["variant"] != "full" and r.get("in_paper", True)]
-    return {"recipe": cfg.recipe, "split": cfg.split, "seeds": list(cfg.seeds), "pairs": cfg.pairs,
+    curve = k_curve(rows)
+    return {**({"k_curve": curve} if curve else {}),"recipe": cfg.recipe, "split": cfg.split, "seeds": list(cfg.seeds), "pairs": cfg.pairs,
             "size": cfg.size, "rows": rows,
             "signs": {"ablations": len(ablated), "agree": sum(r["sign"]["agrees"] for r in ablated),
                       "beyond_noise": sum(r["sign"]["counts"] for r in ablated), "min_seeds": MIN_SEEDS}}
+
+
+def k_curve(rows: list[dict]) -> dict | None:
+    """The K curve (the paper's Fig. 3) from a table's rows: each K's R@1 and mAP@10 (mean, sd), in K order, and
+    the K with the highest mAP@10; None unless at least two values of K were run."""
+    from .variants import PAPER_K_PEAK
+    points = sorted((r for r in rows if r.get("k") is not None), key=lambda r: r["k"])
+    if len({r["k"] for r in points}) < 2:
+        return None
+    return {"k": [r["k"] for r in points], "variants": [r["variant"] for r in points],
+            **{m: {"mean": [r[m]["mean"] for r in points], "sd": [r[m]["sd"] for r in points]}
+               for m in ("R@1", "mAP@10")},
+            "peak_k": max(points, key=lambda r: r["mAP@10"]["mean"])["k"], "paper_peak_k": PAPER_K_PEAK}
+
+
+def plot_k_curve(table: dict, path: Path) -> None:
+    """The K curve as a figure: R@1 and mAP@10 (mean ± sd over seeds) against K, with the paper's shape marked
+    (Fig. 3: a peak at K = 4 and lower values at K >= 6; the seed gives the shape, not the figures)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    curve = table["k_curve"]
+    fig, ax = plt.subplots(figsize=(5.5, 4.4))
+    for metric, style in (("mAP@10", "o-"), ("R@1", "s--")):
+        ax.errorbar(curve["k"], curve[metric]["mean"], yerr=curve[metric]["sd"], fmt=style, capsize=3,
+                    label=f"{metric}, world {table['split']} (mean ± sd, seeds {', '.join(map(str, table['seeds']))})")
+    ax.axvline(curve["paper_peak_k"], color="grey", ls=":", label=f"the paper's peak (Fig. 3, CIRCO mAP): "
+               f"K = {curve['paper_peak_k']}; lower at K >= 6")
+    ax.set_xlabel("K, decomposition pairs per image")
+    ax.set_ylabel("%")
+    ax.set_xticks(curve["k"])
+    ax.set_title(f"FoCo's K curve, recipe {table['recipe']}")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), frameon=False)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def markdown(table: dict) -> str:
@@ -290,7 +328,9 @@ def markdown(table: dict) -> str:
             d, s = r["delta_R@1"], r["sign"]
             paper = "< 0" if r["paper_delta_R@1"] is None else f"< 0 ({r['paper_delta_R@1']:+.1f}, not in the seed)"
             t = "" if s["t"] is None else f" ({s['t']})"
-            if not r.get("in_paper", True):  # a reading: no paper sign; "beyond noise" asks whether it beats full
+            if not r.get("in_paper", True) and r.get("k") is not None:  # a point of the K curve: no sign to judge
+                cells += [f"{d['mean']:+.1f} ± {d['sd']:.1f}", "Fig. 3 (the curve below)", "", ""]
+            elif not r.get("in_paper", True):  # a reading: no paper sign; "beyond noise" asks whether it beats full
                 cells += [f"{d['mean']:+.1f} ± {d['sd']:.1f}", "not in the paper", "",
                           ("above full: " + ("yes" if s["counts"] else "no")) + t]
             else:
@@ -298,13 +338,19 @@ def markdown(table: dict) -> str:
                           ("yes" if s["counts"] else "no") + t]
         lines.append("| " + " | ".join(cells) + " |")
     s = table["signs"]
-    readings = [r for r in table["rows"] if r["variant"] != "full" and not r.get("in_paper", True)]
+    readings = [r for r in table["rows"] if r["variant"] != "full" and not r.get("in_paper", True)
+                and r.get("k") is None]
     if s["ablations"] or not readings:
         lines += ["", f"{s['agree']} of {s['ablations']} signs agree with the paper; {s['beyond_noise']} beyond "
                       f"noise (a paired one-sided t at 95 %, over at least {s['min_seeds']} seeds)."]
     if readings:
         lines += ["", f"{sum(r['sign']['counts'] for r in readings)} of {len(readings)} variants outside the paper's "
                       "table are above full beyond noise (a paired one-sided t at 95 %)."]
+    if table.get("k_curve"):
+        c = table["k_curve"]
+        lines += ["", "K curve (mAP@10 by K): " + ", ".join(f"K = {k}: {m:.1f} ± {sd:.1f}" for k, m, sd in
+                                                        zip(c["k"], c["mAP@10"]["mean"], c["mAP@10"]["sd"]))
+                  + f"; highest at K = {c['peak_k']} (the paper's Fig. 3: K = {c['paper_peak_k']})."]
     if "wall_s" in table:
         lines.append(f"Wall time of this command: {table['wall_s'] / 60:.1f} min.")
     return "\n".join(lines) + "\n"
@@ -320,4 +366,6 @@ def _write_tables(out: Path, recipe: str, split: str, table: dict) -> None:
         for sp in tables[r]:
             md.append(markdown(tables[r][sp]))
     atomic_write_text(out / "ablations.md", "\n".join(md))
+    if table.get("k_curve"):
+        plot_k_curve(table, out / f"k-curve-{recipe}-{split}.png")
 

@@ -27,6 +27,7 @@ class Variant:
     decomposer: str = "oracle"  # the training decompositions ("rule": 3a)
     paper_r1: float | None = None  # CIRR R@1 quoted, NOT in the seed (module docstring); the sign is the seed's
     in_paper: bool = True  # False: a reading of the paper's words, not a row of its table (no sign to agree with)
+    k: int | None = None  # K, the decomposition pairs per image, where the variant is a point of the K curve (Fig. 3)
 
     @property
     def paper_delta(self) -> float | None:
@@ -40,7 +41,7 @@ class Variant:
 
 ABLATIONS = Registry("ablation variant")
 for _v in (
-    Variant("full", "full", "the paper's model and recipe", paper_r1=PAPER_FULL_R1),
+    Variant("full", "full", "the paper's model and recipe", paper_r1=PAPER_FULL_R1, k=FoCoTrainConfig.max_pairs),
     Variant("infonce-loss", "2a", "InfoNCE (each positive against its row's negatives) instead of the sigmoid "
             "multi-positive loss", train={"loss": "infonce"}, paper_r1=33.1),
     Variant("naive-negatives", "2b/2c", "naive intra-image negatives: image i conditioned on image j's texts is "
@@ -66,16 +67,28 @@ for _v in (
     Variant("learned-comp-query", "5c", "F_Comp's query starts from a learned token instead of v_loc",
             model={"anchor_init": False}, paper_r1=32.9),
     Variant("one-pair-per-image", "3b", "K = 1: each image's first decomposition pair only",
-            train={"max_pairs": 1}, paper_r1=32.6),
+            train={"max_pairs": 1}, paper_r1=32.6, k=1),
     Variant("rule-decomposition", "3a", "rule-based (spaCy) decompositions instead of the paper's LLM ones (the "
             "world's oracle stands in for the LLM)", decomposer="rule", paper_r1=30.7),
+    # the K curve (the paper's Fig. 3: CIRCO mAP against K, a peak at K = 4, lower at K >= 6); K = 1 is 3b and
+    # K = 5 (the world's oracle gives at most 5 pairs per caption) is the full model's default
+    *(Variant(f"k-{k}", "Fig. 3", f"K = {k}: each image's first {k} decomposition pairs", train={"max_pairs": k},
+              in_paper=False, k=k) for k in (2, 3, 4)),
 ):
     ABLATIONS.register(_v.name, _v)
+
+PAPER_K_PEAK = 4  # the paper's Fig. 3: the K with the highest CIRCO mAP (its curve falls at K >= 6)
 
 
 def paper_variants() -> list[str]:
     """The rows of the paper's ablation table ("all")."""
     return [n for n in ABLATIONS.names() if ABLATIONS.get(n).in_paper]
+
+
+def k_curve_variants() -> list[str]:
+    """The points of the K curve ("k-curve"), K = 1..5 in order: 3b, k-2, k-3, k-4 and the full model (K = 5)."""
+    points = sorted((v.k, n) for n in ABLATIONS.names() if (v := ABLATIONS.get(n)).k is not None)
+    return [n for _, n in points]
 
 
 def background_variants() -> list[str]:
@@ -84,12 +97,13 @@ def background_variants() -> list[str]:
 
 
 def variants(spec: str) -> list[Variant]:
-    """"all" (the paper's table), "backgrounds" (the background readings) or comma-separated names -> the
-    variants, "full" first (every delta is against it)."""
-    named = {"all": paper_variants, "backgrounds": background_variants}
+    """"all" (the paper's table), "backgrounds" (the background readings), "k-curve" (K = 1..5) or
+    comma-separated names -> the variants, "full" first (every delta is against it)."""
+    named = {"all": paper_variants, "backgrounds": background_variants, "k-curve": k_curve_variants}
     names = named[spec.strip()]() if spec.strip() in named else [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
-        raise ValueError("--variants is empty: give 'all', 'backgrounds' or names such as no-background,infonce-loss")
+        raise ValueError("--variants is empty: give 'all', 'backgrounds', 'k-curve' or names such as "
+                         "no-background,infonce-loss")
     try:
         chosen = [ABLATIONS.get(n) for n in dict.fromkeys(names)]
     except ValueError as exc:

@@ -42,8 +42,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="paper: FoCo's two stages; edits: each variant's paper run resumed into the edit stage "
                         "(foco-edits, not in the FoCo paper)")
     p.add_argument("--variants", default="all",
-                   help="'all' (the paper's table), 'backgrounds' (the background feature's readings) or names "
-                        "separated by commas (full is always added)")
+                   help="'all' (the paper's table), 'backgrounds' (the background feature's readings), 'k-curve' "
+                        "(K = 1..5 decomposition pairs per image, the paper's Fig. 3; plotted to "
+                        "OUT/k-curve-RECIPE-SPLIT.png) or names separated by commas (full is always added)")
     p.add_argument("--split", default="test", choices=["val", "test"], help="the world split evaluated")
     p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
     add_owned_output(p, signature=("ablate.json", "ablations.json"))
