@@ -83,7 +83,8 @@ def losses_per_pair(model: ComposedQueryEncoder, b: TrainBatch, plan: NegativePl
                     loss: str = "sigmoid", negatives: str = "cross-instance") -> dict[str, torch.Tensor]:
     """Eqs. 2-3 with a Python loop over every positive (i, k) and every negative (i, j). `loss` "infonce" scores
     each positive against its image's negatives with a softmax; `negatives` "naive" scores the negative (image i
-    conditioned on image j's texts) against image i's own sampled anchor and own v_g."""
+    conditioned on image j's texts) against image i's own sampled anchor and own v_g, "naive-aggr" (2b) only the
+    first, "naive-comp" (2c) only the second."""
     B, K, _ = b.local.shape
     s_a, s_c = model.log_scale_aggr.exp().clamp(max=100), model.log_scale_comp.exp().clamp(max=100)
     la, lc = b.local.new_zeros(()), b.local.new_zeros(())
@@ -104,11 +105,11 @@ def losses_per_pair(model: ComposedQueryEncoder, b: TrainBatch, plan: NegativePl
             kp = int(plan.neg_k[j])
             c = b.local[j, kp]
             v, bg, _ = aggr_one(model.aggr, c, b.image_global[i], b.patches[i])
-            against = own_anchor if negatives == "naive" else c
+            against = own_anchor if negatives in ("naive", "naive-aggr") else c
             neg_a.append(s_a * F.cosine_similarity(v, against, dim=0) + model.bias_aggr)
             if with_comp:
                 h = comp_one(model.comp, v, bg, b.ctx_tokens[j, kp], b.ctx_mask[j, kp])
-                image = b.image_global[i] if negatives == "naive" else b.image_global[j]
+                image = b.image_global[i] if negatives in ("naive", "naive-comp") else b.image_global[j]
                 neg_c.append(s_c * h @ image + model.bias_comp)
         la = la + _per_image(pos_a, neg_a, loss)
         if with_comp:

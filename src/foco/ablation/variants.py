@@ -44,9 +44,13 @@ for _v in (
     Variant("full", "full", "the paper's model and recipe", paper_r1=PAPER_FULL_R1, k=FoCoTrainConfig.max_pairs),
     Variant("infonce-loss", "2a", "InfoNCE (each positive against its row's negatives) instead of the sigmoid "
             "multi-positive loss", train={"loss": "infonce"}, paper_r1=33.1),
-    Variant("naive-negatives", "2b/2c", "naive intra-image negatives: image i conditioned on image j's texts is "
-            "scored against image i's own anchor (L_aggr) and own image (L_comp)", train={"negatives": "naive"},
-            paper_r1=31.0),
+    Variant("naive-aggr-negatives", "2b", "naive intra-image negatives in L_aggr: image i conditioned on image j's "
+            "anchor is scored against image i's own anchor (the paper's §3.3 example), L_comp as the paper's",
+            train={"negatives": "naive-aggr"}, paper_r1=31.0),  # quoted as "naive aggregation negatives"
+    Variant("naive-comp-negatives", "2c", "naive intra-image negatives in L_comp: image i completed with image j's "
+            "context is scored against image i's own global, L_aggr as the paper's", train={"negatives": "naive-comp"}),
+    Variant("naive-negatives", "2b+2c", "2b and 2c at once (foco's single variant for both rows before issue 40)",
+            train={"negatives": "naive"}, in_paper=False),
     Variant("no-aggr-loss-in-stage2", "2d", "L_aggr dropped from the joint stage (F_Comp's loss alone)",
             train={"aggr_loss_in_stage2": False}),
     Variant("learned-aggr-query", "4a", "no text-guided query: F_Aggr's query is one learned token (plain "

@@ -42,7 +42,7 @@ class FoCoTrainConfig:
     max_negatives: int | None = None  # cap on cross-instance negatives per anchor; None: all B - 1
     aggr_loss_in_stage2: bool = True  # False is ablation 2d
     loss: str = "sigmoid"  # the multi-positive sigmoid loss; "infonce" is ablation 2a (train/losses.py)
-    negatives: str = "cross-instance"  # "naive" is ablation 2b/2c: intra-image negatives (train/losses.py)
+    negatives: str = "cross-instance"  # "naive-aggr" 2b, "naive-comp" 2c, "naive" both (train/losses.py)
     max_pairs: int = 5  # K, decomposition pairs used per image (the first ones); 1 is ablation 3b
     min_pairs: int = 1  # images with fewer decomposition pairs are left out of training (the K curve: --min-pairs K)
     # stage 3, trained with edits (foco-edits): NOT in the FoCo paper; 0 epochs (the default) is the paper's recipe

@@ -80,7 +80,7 @@ def local_columns(batch: TrainBatch, neg_k: torch.Tensor, with_comp: bool) -> Co
 
 
 LOSSES = ("sigmoid", "infonce")
-NEGATIVES = ("cross-instance", "naive")
+NEGATIVES = ("cross-instance", "naive-aggr", "naive-comp", "naive")  # naive: 2b and 2c at once
 
 
 def _objective(pos: torch.Tensor, neg: torch.Tensor, pos_mask: torch.Tensor, neg_valid: torch.Tensor,
@@ -102,9 +102,10 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
     """L_aggr (always) and L_comp (stage 2), averaged over the batch's rows. Returns {"loss", "aggr", "comp"}.
 
     Ablations (paper Table 2; the defaults are the paper's): `loss` "infonce" (2a, `_objective`); `negatives`
-    "naive" (2b/2c): a negative pairs image i, conditioned on image j's anchor and context, with image i's own
-    side, its own sampled anchor c_ik' in L_aggr and its own v_g in L_comp, instead of j's: the shortcut the paper's
-    cross-instance negatives rule out (a negative told apart by the texts alone).
+    "naive-aggr" (2b): L_aggr's negative, image i conditioned on image j's anchor c_jk', is scored against image i's
+    own sampled anchor c_ik' instead of c_jk' (the paper's §3.3 example: told apart by the texts alone);
+    "naive-comp" (2c): L_comp's negative, image i's localised feature completed with j's context, is scored
+    against image i's own v_g instead of j's; "naive": both at once (foco's merged 2b/2c before issue 40).
 
     One process: `batch` is the whole batch and the columns come from it. Data-parallel
     (`foco.train.distributed`): `batch` holds this rank's b rows, which are rows `row_offset`.. of the global
@@ -122,10 +123,10 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
     v_neg, bg_neg, _ = model.aggr(anchors[None].expand(b, -1, -1), batch.image_global, batch.patches, kv)  # (b, M, D)
     valid = J[None, :] != (rows + row_offset)[:, None]  # (b, M), j ≠ i
 
-    naive = negatives == "naive"
+    naive_aggr, naive_comp = negatives in ("naive", "naive-aggr"), negatives in ("naive", "naive-comp")
     s_a, b_a = _scale(model.log_scale_aggr), model.bias_aggr
     pos = s_a * F.cosine_similarity(v_pos, batch.local, dim=-1) + b_a  # (b, K)
-    own = batch.local[rows, plan.neg_k[rows + row_offset]][:, None] if naive else anchors[None]  # (b or 1, ., D)
+    own = batch.local[rows, plan.neg_k[rows + row_offset]][:, None] if naive_aggr else anchors[None]  # (b|1, ., D)
     neg = s_a * F.cosine_similarity(v_neg, own, dim=-1) + b_a  # (b, M): vs c_jk' (naive: vs i's own c_ik')
     out = {"aggr": _objective(pos, neg, batch.local_mask, valid, loss)}
     if with_comp:
@@ -138,7 +139,7 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
         h_neg = h_neg.transpose(0, 1)  # (b, M, D)
         s_c, b_c = _scale(model.log_scale_comp), model.bias_comp
         pos_c = s_c * (h_pos * batch.image_global[:, None, :]).sum(-1) + b_c  # (b, K)
-        target = batch.image_global[:, None, :] if naive else columns.image_global[J][None]  # (b or 1, ., D)
+        target = batch.image_global[:, None, :] if naive_comp else columns.image_global[J][None]  # (b|1, ., D)
         neg_c = s_c * (h_neg * target).sum(-1) + b_c  # (b, M): vs v_g of j (naive: vs i's own v_g)
         out["comp"] = _objective(pos_c, neg_c, batch.local_mask, valid, loss)
     out["loss"] = out["aggr"] + out.get("comp", 0.0)
