@@ -18,6 +18,9 @@ case "${1:-}" in
     t "$PY" experiments/quickstart_seeds.py --seeds 0,1,2 --out "$OUT" --backbone "$BACKBONE"
     t "$PY" experiments/described_calibration.py --run "$OUT/seed-0" ;;
   methods)
+    # the described protocol at the share committed by `calibrate` (docs/benchmarks.md: 0.85 on world:vit)
+    [ -f "$OUT/seed-0/world/benchmarks/test/described/described.json" ] || \
+        t "$PY" -m foco world describe --world "$OUT/seed-0/world" --share "${SHARE:-0.85}"
     t env RUN="$OUT/seed-0" SEEDS="$SEEDS" SEEDS_DIR="$OUT" PROTOCOLS=single,described MAPPER=per-seed \
         PARALLEL=1 bash experiments/described_composers.sh
     t "$PY" experiments/foco_routes.py --world "$OUT/seed-0/world" --features "$OUT/seed-0/features" \

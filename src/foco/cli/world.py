@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     d.add_argument("--world", required=True, help="world folder (foco world generate --out); written into")
     d.add_argument("--share", type=unit_float, required=True,
                    help="probability that each target object and the background is named (0: the instruction "
-                        "alone, 1: everything); 0.8 is the value calibrated on val against CIRR, docs/benchmarks.md")
+                        "alone, 1: everything); 0.85 is the value calibrated on val against CIRR on world:vit (0.8 "
+                        "on the CNN), docs/benchmarks.md")
     d.add_argument("--split", default="val,test", help="benchmark splits, comma-separated (default val,test)")
     d.add_argument("--force", action="store_true",
                    help="replace a described protocol made at another share, and write beside (or over) files in "
