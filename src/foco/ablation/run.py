@@ -265,14 +265,13 @@ def tabulate(cfg: AblateConfig, results: dict[str, dict[int, dict]]) -> dict:
             mean, sd = mean_sd(deltas)
             row["delta_R@1"] = {"mean": round(mean, 2), "sd": round(sd, 2), "per_seed": [round(d, 2) for d in deltas]}
             row["paper_delta_R@1"] = v.paper_delta  # a quoted figure NOT in the seed (variants.py); None: none quoted
-            row["paper_sign"] = "negative" if v.in_paper else None  # what the seed's text states, and what is judged
             row["in_paper"] = v.in_paper
             row["sign"] = sign_verdict(deltas, -1 if v.in_paper else 1)  # not in the paper: is it above the full?
         rows.append(row)
     ablated = [r for r in rows if r["variant"] != "full" and r.get("in_paper", True)]
     curve = k_curve(rows)
-    return {**({"k_curve": curve} if curve else {}),"recipe": cfg.recipe, "split": cfg.split, "seeds": list(cfg.seeds), "pairs": cfg.pairs,
-            "size": cfg.size, "rows": rows,
+    return {"recipe": cfg.recipe, "split": cfg.split, "seeds": list(cfg.seeds), "pairs": cfg.pairs,
+            "size": cfg.size, "rows": rows, **({"k_curve": curve} if curve else {}),
             "signs": {"ablations": len(ablated), "agree": sum(r["sign"]["agrees"] for r in ablated),
                       "beyond_noise": sum(r["sign"]["counts"] for r in ablated), "min_seeds": MIN_SEEDS}}
 
