@@ -42,6 +42,16 @@ class Variant:
 ABLATIONS = Registry("ablation variant")
 for _v in (
     Variant("full", "full", "the paper's model and recipe", paper_r1=PAPER_FULL_R1, k=FoCoTrainConfig.max_pairs),
+    # 1a-1c (issue 40): each module alone; without F_Aggr there is no stage 1 (L_aggr has nothing to train)
+    Variant("naive-global", "1a", "the naive global baseline: neither module; the image's global feature and the "
+            "context fused linearly (model.aggr `global`, model.comp `LinearFusion`)",
+            train={"stage1_epochs": 0}, model={"focus": "global", "comp_layers": "linear"}),
+    Variant("aggr-linear-fusion", "1b", "F_Aggr alone: F_Comp replaced by linear feature fusion of v_loc and the "
+            "context, following ref. [3] (Pic2Word's image + text sum, with learned maps)",
+            model={"comp_layers": "linear"}),
+    Variant("cam-comp", "1c", "F_Comp alone: no F_Aggr; class-activation-based patch masking (the text's CAM over "
+            "the patches, thresholded) gives v_loc and v̄ (model.aggr `cam`; ref. [35] not in the seed)",
+            train={"stage1_epochs": 0}, model={"focus": "cam"}),
     Variant("infonce-loss", "2a", "InfoNCE (each positive against its row's negatives) instead of the sigmoid "
             "multi-positive loss", train={"loss": "infonce"}, paper_r1=33.1),
     Variant("naive-aggr-negatives", "2b", "naive intra-image negatives in L_aggr: image i conditioned on image j's "

@@ -93,15 +93,15 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force
     """Writes the world's `split` benchmark to `out` in format `fmt`; returns a summary (also saved as
     `world_export.<fmt>.<split>.json` with the official query id -> world query id mapping).
 
-    `protocol` defaults to the format's own (circo: multi, the others: single); `described` exports in the cirr
-    layout. `out` must be new, empty or an earlier export of the same protocol; an annotation file there that foco
+    `protocol` defaults to the format's own (circo: multi, the others: single); `described` and `restaged` export in
+    the cirr layout. `out` must be new, empty or an earlier export of the same protocol; an annotation file there that foco
     did not write is never replaced unless `force` (`foco.utils.ownership`)."""
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r}; choose from {', '.join(FORMATS)}")
     world, out = Path(world), Path(out)
     natural = "multi" if fmt == "circo" else "single"
     protocol = protocol or natural
-    if protocol != natural and not (fmt == "cirr" and protocol == "described"):
+    if protocol != natural and not (fmt == "cirr" and protocol in ("described", "restaged")):
         home = "--format circo" if protocol == "multi" else "--format cirr"
         raise ValueError(f"--format {fmt} exports the world's {natural} protocol, not {protocol} (--protocol "
                          f"{protocol} exports as {home})")

@@ -14,14 +14,15 @@ import torch
 
 from ..features import FeatureCache
 from ..world.generate import world_fingerprint
-from ..world.manifest import described_record, load_benchmark
+from ..world.manifest import described_record, load_benchmark, pictures_fingerprint, restaged_record
 from .base import BenchmarkReader, CIRBenchmark, CIRQuery, ImageRef, ReaderOption
 from .cache import PartFeatures
 from .circo import PROTOCOL as CIRCO
 from .cirr import PROTOCOL as CIRR
 
 PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, submission=None),
-             "described": replace(CIRR, submission=None)}  # `single` with described text (`foco.world.described`)
+             "described": replace(CIRR, submission=None),  # `single` with described text (`foco.world.described`)
+             "restaged": replace(CIRR, submission=None)}  # `described` over a redrawn gallery (`foco.world.restaged`)
 
 
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")
@@ -33,10 +34,15 @@ def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...]
                          f"choose from {', '.join(PROTOCOLS)}")
     fingerprint = world_fingerprint(root)
     for protocol in protocols:
-        b = load_benchmark(root, split, protocol)  # a described part's record is checked here
+        b = load_benchmark(root, split, protocol)  # a described or restaged part's record is checked here
         source = {"world": fingerprint}
+        base = Path(root) / "benchmarks" / split / protocol
         if protocol == "described":  # what the text says is part of what the numbers mean
-            source["described_share"] = described_record(Path(root) / "benchmarks" / split / protocol)["share"]
+            source["described_share"] = described_record(base)["share"]
+        elif protocol == "restaged":  # and how far the pictures were redrawn
+            rec = restaged_record(base)
+            source.update(described_share=rec["share"], restaged_strength=rec["strength"],
+                          pictures=pictures_fingerprint(root, split, protocol))
         queries = [CIRQuery(id=qid, reference=ref, texts=(mod,), targets=list(targets), subset=list(subset),
                             category=edit or None)
                    for qid, ref, mod, targets, subset, edit in zip(b.query_ids, b.references, b.modifications,
@@ -57,6 +63,9 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
     fc.check_source("world", bench.source.get("world"), "the benchmark's --root",
                     f"pass the --root these features were extracted from, or extract this world's with `foco "
                     f"features extract --split {bench.split}/{protocol}`")
+    fc.check_source("pictures", bench.source.get("pictures"), f"the restaging now in {bench.split}/{protocol}",
+                    f"the restaged protocol was written again since; extract its features into a new folder with "
+                    f"`foco features extract --split {bench.split}/{protocol}`")
     ids, gallery = fc.stored_images()
     if ids != bench.gallery_ids():
         protocol = bench.name.split("/")[-1]

@@ -1,4 +1,4 @@
-"""`foco world generate | ambiguous | verify | export`: the embedded synthetic world."""
+"""`foco world generate | ambiguous | verify | describe | restage | export`: the embedded synthetic world."""
 from __future__ import annotations
 
 import argparse
@@ -43,6 +43,17 @@ def _describe(a: argparse.Namespace) -> int:
               f"queries at share {s['share']} ({100 * s['components_named']:.1f} % of the targets' components "
               f"named, {s['instruction_only']} instructions left as they were); extract its features with "
               f"`foco features extract --split {split}/described`, evaluate with `foco eval --protocols described`")
+    return 0
+
+
+def _restage(a: argparse.Namespace) -> int:
+    from ..world.restaged import generate_restaged
+    splits = tuple(s.strip() for s in a.split.split(","))
+    for split, s in generate_restaged(a.world, a.strength, a.share, splits, force=a.force).items():
+        print(f"restaged protocol of {split} written under {a.world}/benchmarks/{split}/restaged: {s['gallery']} "
+              f"pictures redrawn at strength {s['strength']} ({100 * s['objects_moved']:.1f} % of the objects moved), "
+              f"{s['queries']} queries described at share {s['share']}; extract its features with `foco features "
+              f"extract --split {split}/restaged`, evaluate with `foco eval --protocols restaged`")
     return 0
 
 
@@ -93,6 +104,27 @@ def register(sub: argparse._SubParsersAction) -> None:
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
     v.set_defaults(func=_verify)
+    _register_protocols(world)
+    ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
+                                         "pairs as webdataset shards")
+    ex.add_argument("--world", required=True, help="world folder (foco world generate --out)")
+    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis", "webdataset"],
+        help="the official layout to write; webdataset: image-caption pairs as img2dataset-style tar shards")
+    ex.add_argument("--split", default=None, choices=["val", "test", "pretrain", "train", "backbone_val"],
+                    help="benchmarks: val (default) or test, whose files carry no targets as the official ones "
+                         "(GeneCIS keeps them); webdataset: a pairs split (default train)")
+    ex.add_argument("--protocol", default=None, choices=["single", "multi", "described", "restaged"],
+                    help="benchmarks: the world protocol to export (default: multi for circo, single for the others; "
+                         "described and restaged, written by `foco world describe` and `foco world restage`, in the "
+                         "cirr layout)")
+    ex.add_argument("--shard-size", type=positive_int, default=1000, help="webdataset: samples per tar shard")
+    ex.add_argument("--out", required=True, help="output folder")
+    add_owned_output(ex, signature=("world_export.*.json",))
+    ex.set_defaults(func=_export)
+
+
+def _register_protocols(world: argparse._SubParsersAction) -> None:
+    """`foco world describe` and `foco world restage`: protocols derived from `single`."""
     d = world.add_parser("describe", help="the described protocol: single's queries, each instruction followed by a "
                                           "partial description of the target (as CIRR's annotators write)")
     d.add_argument("--world", required=True, help="world folder (foco world generate --out); written into")
@@ -105,18 +137,18 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replace a described protocol made at another share, and write beside (or over) files in "
                         "benchmarks/SPLIT/described that foco did not write")
     d.set_defaults(func=_describe)
-    ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
-                                         "pairs as webdataset shards")
-    ex.add_argument("--world", required=True, help="world folder (foco world generate --out)")
-    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis", "webdataset"],
-        help="the official layout to write; webdataset: image-caption pairs as img2dataset-style tar shards")
-    ex.add_argument("--split", default=None, choices=["val", "test", "pretrain", "train", "backbone_val"],
-                    help="benchmarks: val (default) or test, whose files carry no targets as the official ones "
-                         "(GeneCIS keeps them); webdataset: a pairs split (default train)")
-    ex.add_argument("--protocol", default=None, choices=["single", "multi", "described"],
-                    help="benchmarks: the world protocol to export (default: multi for circo, single for the others; "
-                         "described, written by `foco world describe`, in the cirr layout)")
-    ex.add_argument("--shard-size", type=positive_int, default=1000, help="webdataset: samples per tar shard")
-    ex.add_argument("--out", required=True, help="output folder")
-    add_owned_output(ex, signature=("world_export.*.json",))
-    ex.set_defaults(func=_export)
+    r = world.add_parser("restage", help="the restaged protocol: described's queries over a gallery in which every "
+                                         "image is another picture of its scene (as CIRR's targets are other photos)")
+    r.add_argument("--world", required=True, help="world folder (foco world generate --out); written into")
+    r.add_argument("--strength", type=unit_float, required=True,
+                   help="how far each picture is redrawn, 0 (the world's own pixels) to 1 (layout, sizes within "
+                        "their class, background shade and texture, rotation and tint all resampled in full); the "
+                        "value calibrated on val against CIRR is in docs/benchmarks.md")
+    r.add_argument("--share", type=unit_float, required=True,
+                   help="the described text's share (as `foco world describe --share`): probability that each target "
+                        "object and the background is named after the instruction")
+    r.add_argument("--split", default="val,test", help="benchmark splits, comma-separated (default val,test)")
+    r.add_argument("--force", action="store_true",
+                   help="replace a restaged protocol made at another strength or share, and write beside (or over) "
+                        "files in benchmarks/SPLIT/restaged that foco did not write")
+    r.set_defaults(func=_restage)

@@ -123,8 +123,9 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
                 results["backbone"] = feats.backbone["spec"]  # what the numbers were computed on
             entry = {"queries": len(bench.queries), "gallery": len(bench.gallery_ids()), "discarded": bench.discarded,
                      "methods": {}}
-            if "described_share" in bench.source:  # the described protocol's text: what the numbers mean
-                entry["described_share"] = bench.source["described_share"]
+            for key in ("described_share", "restaged_strength"):  # the protocol's text and pictures: what the
+                if key in bench.source:                                # numbers mean
+                    entry[key] = bench.source[key]
             for name in cfg.methods:
                 method = fixed.get(name) or _chosen_slerp(bench, cfg, results["chosen"])
                 composed = compose(method, bench, feats, cfg.compose_batch)
@@ -185,10 +186,12 @@ def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBench
                          f"give a --root that holds the val split too") from None
     if bench.name not in val:
         raise ValueError(f"the val split has no part {bench.name!r} to choose {what} on")
-    have, want = val[bench.name][0].source.get("described_share"), bench.source.get("described_share")
-    if have != want:
-        raise ValueError(f"choosing {what} on val: val's described protocol was written at share {have}, "
-                         f"{bench.split}'s at {want}; rerun `foco world describe --share S` for both splits")
+    for key, command in (("described_share", "describe --share S"), ("restaged_strength", "restage --strength S")):
+        have, want = val[bench.name][0].source.get(key), bench.source.get(key)
+        if have != want:
+            name = key.replace("_", " ")
+            raise ValueError(f"choosing {what} on val: val's {bench.name} was written at {name} {have}, "
+                             f"{bench.split}'s at {want}; rerun `foco world {command}` for both splits")
     _check_provenance(*val[bench.name], cfg, None)
     return val[bench.name]
 

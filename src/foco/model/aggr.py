@@ -29,6 +29,17 @@ Ablation switches (paper Table 4, each named after what it does; the defaults ar
 * `attention`: "cross-attention" (the multi-head layer with query/key/value/output projections); "dot-product"
   (4b: one parameter-free head, softmax(LN(q) . LN(V_p) / sqrt(D)) over the raw patches, added to the query).
 
+Without F_Aggr (paper Table 4, rows 1a and 1c: `FixedFocus`, no parameters, so L_aggr has nothing to train):
+* "global" (1a, the naive global baseline): v_loc = v_g, the image's global feature, whatever the text; v̄ = the
+  plain patch mean.
+* "cam" (1c): class-activation-based patch masking. The activation of patch p for text c is the cosine between the
+  patch feature and the text's global, a_p = <V_p / |V_p|, c> (a CLIP class activation map read off the dense
+  patch features, as MaskCLIP does; CAM's class score map with the text as the class); min-max normalised per
+  image and text, the patches at or above `CAM_THRESHOLD` are kept. v_loc = the mean of the kept patches, v̄ = the
+  mean of the others (the plain patch mean when every patch is kept). The paper cites its ref. [35] for this
+  strategy; the seed carries no reference list, so foco follows CAM's thresholded activation map (Zhou et al.,
+  CVPR 2016) on CLIP's dense features (MaskCLIP, Zhou, Loy and Dai, ECCV 2022), docs/architecture.md.
+
 Layout: images are the batch axis B and each image is queried by T texts, so one call computes positives
 (T = K local captions of that image), the cross-instance grid (T = B texts, one per other image) or inference (T = 1).
 """
@@ -44,6 +55,8 @@ AGGR_QUERIES = ("text-image", "learned", "text")
 AGGR_ATTENTIONS = ("cross-attention", "dot-product")
 AGGR_BACKGROUNDS = ("complement", "reciprocal", "negated-softmax", "below-uniform")
 RECIPROCAL_FLOOR = 0.01  # "reciprocal": ᾱ_p is floored at 1 % of the uniform weight 1/P
+FOCUS = ("attention", "global", "cam")  # F_Aggr (the paper's); no F_Aggr: 1a's global feature, 1c's CAM mask
+CAM_THRESHOLD = 0.5  # "cam": patches whose min-max normalised activation is at least this are kept
 
 
 def background_weights(reading: str, alpha: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
@@ -66,7 +79,9 @@ def background_weights(reading: str, alpha: torch.Tensor, logits: torch.Tensor) 
 
 
 class FAggr(nn.Module):
-    """Args:
+    """F_Aggr, the paper's focus (focus "attention").
+
+    Args:
         dim: D, the backbone's joint-space width.
         heads: attention heads (8 in the paper).
         mlp_ratio: hidden width of the query MLP, as a multiple of D.
@@ -77,6 +92,8 @@ class FAggr(nn.Module):
         attention: "cross-attention" (the paper's) or "dot-product" (ablation 4b).
         background: how the inverse attention weighs the patches (module docstring; "complement" is today's).
     """
+
+    trainable = True  # L_aggr trains it
 
     def __init__(self, dim: int, heads: int = 8, mlp_ratio: float = 2.0, query: str = "text-image",
                  attention: str = "cross-attention", background: str = "complement",
@@ -162,3 +179,45 @@ class FAggr(nn.Module):
         inv = background_weights(self.background, alpha, logits.transpose(1, 2))  # (B, T, P)
         background = inv @ patches  # (B, T, D)
         return v_loc, background, alpha
+
+
+class FixedFocus(nn.Module):
+    """The focus without F_Aggr (ablations 1a and 1c, module docstring): no parameters, the same call as `FAggr`.
+
+    Args:
+        focus: "global" (v_loc = v_g) or "cam" (class-activation-based patch masking)."""
+
+    trainable = False  # L_aggr is not computed: nothing here learns
+
+    def __init__(self, focus: str):
+        super().__init__()
+        if focus not in FOCUS[1:]:
+            raise ValueError(f"focus {focus!r} without F_Aggr: choose one of {', '.join(FOCUS[1:])}")
+        self.focus = focus
+
+    def keys_values(self, patches: torch.Tensor) -> None:
+        return None
+
+    def forward(self, text: torch.Tensor, image_global: torch.Tensor, patches: torch.Tensor,
+                kv: None = None, attn_bias: torch.Tensor | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """text (B, T, D), image_global (B, D), patches (B, P, D) -> v_loc, background (B, T, D) and the weights
+        (B, T, P) v_loc read the patches with (`attn_bias`, a box, is added to the activations before masking)."""
+        B, T, D = text.shape
+        P = patches.shape[1]
+        mean = patches.mean(1, keepdim=True).expand(B, T, D)  # (B, T, D)
+        if self.focus == "global":
+            uniform = torch.full((B, T, P), 1.0 / P, dtype=patches.dtype, device=patches.device)
+            return image_global[:, None, :].expand(B, T, D).to(patches.dtype), mean, uniform
+        act = torch.nn.functional.normalize(patches, dim=-1) @ text.to(patches.dtype).transpose(1, 2)  # (B, P, T)
+        act = act.transpose(1, 2)  # (B, T, P)
+        if attn_bias is not None:
+            act = act + attn_bias[:, None, :]
+        lo, hi = act.amin(-1, keepdim=True), act.amax(-1, keepdim=True)
+        cam = (act - lo) / (hi - lo).clamp_min(1e-6)  # (B, T, P) in [0, 1]
+        keep = (cam >= CAM_THRESHOLD).to(patches.dtype)  # (B, T, P), at least the top patch
+        w_loc = keep / keep.sum(-1, keepdim=True)
+        rest = 1.0 - keep
+        n_rest = rest.sum(-1, keepdim=True)
+        w_bg = torch.where(n_rest > 0, rest / n_rest.clamp_min(1.0), torch.full_like(rest, 1.0 / P))
+        return w_loc @ patches, w_bg @ patches, w_loc  # (B, T, D), (B, T, D), (B, T, P)

@@ -54,7 +54,7 @@ class CompBlock(nn.Module):
         return self.norm2(x + self.ffn(x))  # (T, N, D)
 
 
-COMP_LAYERS = ("transformer", "attention")
+COMP_LAYERS = ("transformer", "attention", "linear")  # "linear": `LinearFusion`, ablations 1a and 1b
 
 
 def mapping_network(dim: int, mlp_ratio: float) -> nn.Sequential:
@@ -105,3 +105,26 @@ class FComp(nn.Module):
         for block in self.blocks:
             query = block(query, ctx, ctx_mask, vis)
         return F.normalize(self.out(query), dim=-1)  # (T, N, D)
+
+
+class LinearFusion(nn.Module):
+    """F_Comp replaced by linear feature fusion (paper Table 4, rows 1a and 1b; the paper follows its ref. [3],
+    Pic2Word, whose "Image + Text" baseline adds the normalised image and text features): h = norm(W_v norm(v_loc)
+    + W_t norm(x)), x the context's masked token mean, W_v and W_t learned D x D maps starting at the identity (so
+    training starts from Pic2Word's sum). The background takes no part: the fusion has two inputs, as the sum has.
+    The same call as `FComp`."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        self.w_v, self.w_t = nn.Linear(dim, dim), nn.Linear(dim, dim)
+        for w in (self.w_v, self.w_t):
+            nn.init.eye_(w.weight)
+            nn.init.zeros_(w.bias)
+
+    def forward(self, v_loc: torch.Tensor, background: torch.Tensor, ctx_tokens: torch.Tensor,
+                ctx_mask: torch.Tensor) -> torch.Tensor:
+        """v_loc, background (T, N, D); ctx_tokens (T, L, D); ctx_mask (T, L). Returns h (T, N, D), normalised."""
+        m = ctx_mask.to(ctx_tokens.dtype)[..., None]  # (T, L, 1)
+        x = (ctx_tokens * m).sum(1) / m.sum(1).clamp_min(1.0)  # (T, D)
+        t = self.w_t(F.normalize(x, dim=-1))[:, None, :]  # (T, 1, D)
+        return F.normalize(self.w_v(F.normalize(v_loc, dim=-1)) + t, dim=-1)  # (T, N, D)

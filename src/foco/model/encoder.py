@@ -13,8 +13,8 @@ import torch
 import torch.nn as nn
 
 from ..backbones.base import ImageFeatures, TextFeatures
-from .aggr import FAggr
-from .comp import FComp
+from .aggr import FOCUS, FAggr, FixedFocus
+from .comp import FComp, LinearFusion
 
 
 @dataclass
@@ -36,7 +36,9 @@ class FoCoConfig:
     aggr_query: str = "text-image"  # F_Aggr's query MLP(c ⊙ v_g); "learned" (4a), "text" (MLP(c)): model.aggr
     aggr_attention: str = "cross-attention"  # F_Aggr's multi-head layer; "dot-product" (4b)
     background: str = "complement"  # how F_Aggr's inverse attention weighs the patches for v̄: model.aggr
-    comp_layers: str = "transformer"  # F_Comp's comp_depth blocks; "attention" (5a: one attention layer)
+    comp_layers: str = "transformer"  # F_Comp's comp_depth blocks; "attention" (5a: one attention layer);
+    #                                   "linear" (1a, 1b: F_Comp replaced by linear feature fusion, model.comp)
+    focus: str = "attention"  # F_Aggr; without it "global" (1a: v_loc = v_g) or "cam" (1c: CAM masking), model.aggr
     init_temperature: float = 0.1  # tau at the start; learnable
     learn_bias: bool = False  # a learnable logit bias in the sigmoid loss (off = paper-exact)
     init_bias: float = -10.0  # the bias's starting value when learn_bias is on (SigLIP's choice)
@@ -91,10 +93,14 @@ class ComposedQueryEncoder(nn.Module):
     def __init__(self, cfg: FoCoConfig):
         super().__init__()
         self.cfg = cfg
+        if cfg.focus not in FOCUS:
+            raise ValueError(f"FoCo focus {cfg.focus!r}: choose one of {', '.join(FOCUS)}")
         self.aggr = FAggr(cfg.dim, cfg.heads, cfg.aggr_mlp_ratio, cfg.aggr_query, cfg.aggr_attention,
-                          cfg.background, ffn_ratio=cfg.aggr_ffn_ratio, block_ffn_ratio=cfg.aggr_block_ffn_ratio)
-        self.comp = FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background,
-                          cfg.anchor_init, cfg.comp_layers, map_mlp_ratio=cfg.map_mlp_ratio)
+                          cfg.background, ffn_ratio=cfg.aggr_ffn_ratio, block_ffn_ratio=cfg.aggr_block_ffn_ratio) \
+            if cfg.focus == "attention" else FixedFocus(cfg.focus)
+        self.comp = LinearFusion(cfg.dim) if cfg.comp_layers == "linear" else \
+            FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background, cfg.anchor_init,
+                  cfg.comp_layers, map_mlp_ratio=cfg.map_mlp_ratio)
         t0 = torch.tensor(1.0 / cfg.init_temperature).log()
         self.log_scale_aggr = nn.Parameter(t0.clone())  # log(1/tau) for L_aggr
         self.log_scale_comp = nn.Parameter(t0.clone())  # log(1/tau) for L_comp

@@ -253,6 +253,9 @@ def _check_ablations(cfg: FoCoTrainConfig) -> None:
     if not 1 <= cfg.min_pairs <= cfg.max_pairs:
         raise ValueError(f"min_pairs must be between 1 and max_pairs ({cfg.max_pairs}), got {cfg.min_pairs} "
                          "(foco train --min-pairs, --max-pairs)")
+    if cfg.model.focus != "attention" and cfg.stage1_epochs > 0:
+        raise ValueError(f"focus {cfg.model.focus!r} has no F_Aggr, so stage 1 (L_aggr alone) trains nothing: set "
+                         "stage1_epochs to 0 (--stage1-epochs 0)")
 
 
 def _add_meta(out: Path, meta: dict) -> None:

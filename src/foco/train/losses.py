@@ -128,7 +128,8 @@ def foco_losses(model: ComposedQueryEncoder, batch: TrainBatch, plan: NegativePl
     pos = s_a * F.cosine_similarity(v_pos, batch.local, dim=-1) + b_a  # (b, K)
     own = batch.local[rows, plan.neg_k[rows + row_offset]][:, None] if naive_aggr else anchors[None]  # (b|1, ., D)
     neg = s_a * F.cosine_similarity(v_neg, own, dim=-1) + b_a  # (b, M): vs c_jk' (naive: vs i's own c_ik')
-    out = {"aggr": _objective(pos, neg, batch.local_mask, valid, loss)}
+    # no F_Aggr (ablations 1a, 1c: `FixedFocus`): L_aggr has nothing to train and is left out
+    out = {"aggr": _objective(pos, neg, batch.local_mask, valid, loss) if model.aggr.trainable else pos.new_zeros(())}
     if with_comp:
         L = batch.ctx_tokens.shape[2]
         h_pos = model.comp(v_pos.reshape(b * K, 1, D), bg_pos.reshape(b * K, 1, D),

@@ -8,6 +8,9 @@ from ..decompose.schema import Decomposition
 from ..utils.io import ManifestError, read_jsonl
 
 
+SINGLE_LIKE = ("single", "described", "restaged")  # one target per query, a 6-image subset: CIRR's protocol
+
+
 @dataclass
 class WorldPair:
     id: str
@@ -52,12 +55,14 @@ def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmar
     base = root / "benchmarks" / split / protocol
     if protocol == "described":  # single's queries with described text: checked against the world it came from
         check_described(root, split)
+    elif protocol == "restaged":  # the same, over a redrawn gallery: checked likewise
+        check_restaged(root, split)
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image"))
     gids = [str(g["id"]) for g in gallery]
     _check_unique(base / "gallery.jsonl", gids)
     known = set(gids)
     qpath = base / "queries.jsonl"
-    target_key = "target" if protocol in ("single", "described") else "targets"
+    target_key = "target" if protocol in SINGLE_LIKE else "targets"
     queries = read_jsonl(qpath, required=("id", "reference", "modification", target_key))
     bench = WorldBenchmark(protocol, gids, [root / g["image"] for g in gallery], [], [], [], [], [], [])
     for lineno, q in enumerate(queries, 1):
@@ -132,8 +137,6 @@ def described_record(base: Path) -> dict | None:
 def check_described(root: str | Path, split: str) -> dict:
     """described.json of `split`, checked: made from this world, from its current `single` files, and its own two
     files unchanged since. Raises a ValueError (FileNotFoundError when there is none) naming the file and the fix."""
-    from ..utils.io import sha256_file as _sha256
-    from .generate import world_fingerprint
     root = Path(root)
     base = root / "benchmarks" / split / "described"
     rec = described_record(base)
@@ -141,6 +144,14 @@ def check_described(root: str | Path, split: str) -> dict:
         raise FileNotFoundError(f"{base / DESCRIBED_RECORD} is missing: the described protocol of {split} is written "
                                 f"by `foco world describe --world {root} --share S` (docs/benchmarks.md gives S)")
     fix = f"regenerate it with `foco world describe --world {root} --share {rec['share']} --force`"
+    return _check_derived(root, split, base, rec, DESCRIBED_RECORD, fix)
+
+
+def _check_derived(root: Path, split: str, base: Path, rec: dict, record: str, fix: str) -> dict:
+    """A protocol derived from `single` (described, restaged): its record names this world, the current `single`
+    files and its own two files' sha256."""
+    from ..utils.io import sha256_file as _sha256
+    from .generate import world_fingerprint
     if rec.get("world") != world_fingerprint(root):
         raise ValueError(f"{base} was made from another world (fingerprint {rec.get('world')}, this one "
                          f"{world_fingerprint(root)}); {fix}")
@@ -151,5 +162,54 @@ def check_described(root: str | Path, split: str) -> dict:
         if not single.is_file() or _sha256(single) != (rec.get("single_sha256") or {}).get(f):
             raise ValueError(f"{single} changed since {base} was made from it; {fix}")
         if _sha256(own) != (rec.get("manifests_sha256") or {}).get(f):
-            raise ValueError(f"{own} does not match the sha256 in {base / DESCRIBED_RECORD} (edited since); {fix}")
+            raise ValueError(f"{own} does not match the sha256 in {base / record} (edited since); {fix}")
     return rec
+
+
+# The restaged protocol's record (`foco.world.restaged` writes it)
+RESTAGED_RECORD = "restaged.json"
+RESTAGED_FILES = DESCRIBED_FILES
+
+
+def restaged_record(base: Path) -> dict | None:
+    """restaged.json of a folder, or None when there is none; a damaged one is refused by name."""
+    from ..utils.io import read_json
+    path = base / RESTAGED_RECORD
+    if not path.is_file():
+        return None
+    rec = read_json(path)
+    ok = isinstance(rec, dict) and all(isinstance(rec.get(k), (int, float)) and not isinstance(rec.get(k), bool)
+                                       and 0.0 <= rec[k] <= 1.0 for k in ("strength", "share"))
+    if not ok or not isinstance(rec.get("images_sha256"), dict):
+        raise ValueError(f"{path} is not a restaged protocol's record (strength, share in [0, 1] and the images' "
+                         "sha256); remove it and run `foco world restage` again")
+    return rec
+
+
+def check_restaged(root: str | Path, split: str) -> dict:
+    """restaged.json of `split`, checked: made from this world, from its current `single` files, its own two files
+    unchanged since (`foco world verify` also hashes every image against it). Raises a ValueError
+    (FileNotFoundError when there is none) naming the file and the fix."""
+    root = Path(root)
+    base = root / "benchmarks" / split / "restaged"
+    rec = restaged_record(base)
+    if rec is None:
+        raise FileNotFoundError(f"{base / RESTAGED_RECORD} is missing: the restaged protocol of {split} is written "
+                                f"by `foco world restage --world {root} --strength S --share P` (docs/benchmarks.md "
+                                "gives S and P); an interrupted one is finished by running it again")
+    fix = (f"regenerate it with `foco world restage --world {root} --strength {rec['strength']} --share "
+           f"{rec['share']} --force`")
+    return _check_derived(root, split, base, rec, RESTAGED_RECORD, fix)
+
+
+def pictures_fingerprint(root: str | Path, split: str, protocol: str) -> str | None:
+    """What a protocol's own pictures are, for the feature caches made from them: the sha256 of the restaged
+    images' hashes (None for protocols that draw the world's own images). A cache of another restaging of the same
+    world (same ids, other pictures) is refused by it."""
+    if protocol != "restaged":
+        return None
+    import hashlib
+    import json
+    rec = restaged_record(Path(root) / "benchmarks" / split / "restaged") or {}
+    blob = json.dumps(rec.get("images_sha256") or {}, sort_keys=True).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]

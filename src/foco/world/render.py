@@ -2,12 +2,18 @@
 
 Scenes are drawn at `SUPERSAMPLE` times the final size and downsampled, so edges are anti-aliased. Every object
 gets a one-pixel outline of contrasting luminance, so a white shape stays visible on snow.
+
+A `Look` says how one picture of a scene is drawn beyond what the scene says: the background's shade, texture and
+pattern phase, and each object's scale within its size class, rotation and tint. `Look()` is the world's own
+drawing, pixel for pixel; the `restaged` protocol (`restaged.py`) draws its gallery with sampled looks.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter
@@ -16,6 +22,43 @@ from .scene import Scene, WorldObject
 from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, SIZES
 
 SUPERSAMPLE = 3
+
+
+@dataclass(frozen=True)
+class Look:
+    """How a picture of a scene is drawn, beyond the scene. The default is the world's own drawing.
+
+    Attributes:
+        shade: the background's brightness, a multiplier (1: as the vocabulary gives it).
+        texture: seed of the background's texture (dots, flakes); None: the background's one fixed texture.
+        phase: horizontal shift of the background's pattern (and of a horizon's height), in [-1, 1].
+        scales: per object (in the scene's order), its side as a multiple of its size class's side; () = all 1.
+        angles: per object, its rotation in degrees (counter-clockwise); () = all 0.
+        tints: per object, an RGB offset added to a shape's fill (stamps keep their photo colours); () = none.
+    """
+
+    shade: float = 1.0
+    texture: int | None = None
+    phase: float = 0.0
+    scales: tuple[float, ...] = ()
+    angles: tuple[float, ...] = ()
+    tints: tuple[tuple[int, int, int], ...] = ()
+
+    def of(self, i: int) -> tuple[float, float, tuple[int, int, int]]:
+        """(scale, angle, tint) of object i."""
+        return (self.scales[i] if self.scales else 1.0, self.angles[i] if self.angles else 0.0,
+                self.tints[i] if self.tints else (0, 0, 0))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"shade": self.shade, "texture": self.texture, "phase": self.phase, "scales": list(self.scales),
+                "angles": list(self.angles), "tints": [list(t) for t in self.tints]}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> "Look":
+        return Look(shade=float(d["shade"]), texture=None if d["texture"] is None else int(d["texture"]),
+                    phase=float(d["phase"]), scales=tuple(float(x) for x in d["scales"]),
+                    angles=tuple(float(x) for x in d["angles"]),
+                    tints=tuple((int(t[0]), int(t[1]), int(t[2])) for t in d["tints"]))
 
 
 def _star(n: int, inner: float) -> list[tuple[float, float]]:
@@ -91,16 +134,20 @@ def _stamp_rgba(path: str, side: int) -> Image.Image:
 
 
 @lru_cache(maxsize=64)
-def background_image(name: str, size: int) -> Image.Image:
+def background_image(name: str, size: int, shade: float = 1.0, texture: int | None = None,
+                     phase: float = 0.0) -> Image.Image:
+    """The background `name` at side `size`; `shade`, `texture` and `phase` as in `Look` (defaults: the world's)."""
     spec = BACKGROUNDS[name]
     top, bottom = np.array(spec["top"], float), np.array(spec["bottom"], float)
     t = np.linspace(0.0, 1.0, size)[:, None, None]
     arr = np.broadcast_to(top * (1 - t) + bottom * t, (size, size, 3)).copy()
-    rng = np.random.default_rng(sum(map(ord, name)))  # a fixed texture per background
+    # a fixed texture per background, unless a look seeds another
+    rng = np.random.default_rng(sum(map(ord, name)) if texture is None else [texture, sum(map(ord, name))])
     pattern = spec["pattern"]
     if pattern == "horizon":
-        arr[size // 2:] = np.array(spec["bottom"], float)
-        arr[: size // 2] = np.array(spec["top"], float)
+        line = size // 2 + int(round(phase * 0.15 * size))  # the horizon moves up or down with the phase
+        arr[line:] = np.array(spec["bottom"], float)
+        arr[:line] = np.array(spec["top"], float)
     elif pattern == "dots":
         for _ in range(40):
             y, x = rng.integers(0, size, 2)
@@ -126,6 +173,11 @@ def background_image(name: str, size: int) -> Image.Image:
     elif pattern == "waves":
         yy, xx = np.mgrid[0:size, 0:size]
         arr *= (0.85 + 0.15 * np.sin(yy / size * 30 + np.sin(xx / size * 8)))[..., None]
+    shift = int(round(phase * size / 2))
+    if shift and pattern != "horizon":
+        arr = np.roll(arr, shift, axis=1)  # the pattern slides sideways (the gradient is vertical: unchanged)
+    if shade != 1.0:
+        arr *= shade
     return Image.fromarray(np.clip(arr, 0, 255).astype(np.uint8), "RGB")
 
 
@@ -134,33 +186,45 @@ def _outline_colour(rgb: tuple[int, int, int]) -> tuple[int, int, int]:
     return (20, 20, 20) if lum > 110 else (235, 235, 235)
 
 
-def _draw_object(canvas: Image.Image, obj: WorldObject, stamps_root: Path | None) -> None:
+def _draw_object(canvas: Image.Image, obj: WorldObject, stamps_root: Path | None, scale: float = 1.0,
+                 angle: float = 0.0, tint: tuple[int, int, int] = (0, 0, 0)) -> None:
     big = canvas.width
     cell = big // GRID
-    side = max(4, int(round(cell * SIZES[obj.size])))
+    side = max(4, int(round(cell * SIZES[obj.size] * scale)))
     row, col = divmod(obj.cell, GRID)
     cx = col * cell + cell // 2 + obj.jitter[0] * SUPERSAMPLE
     cy = row * cell + cell // 2 + obj.jitter[1] * SUPERSAMPLE
-    x0, y0 = cx - side // 2, cy - side // 2
     if obj.stamp is not None:
         if stamps_root is None:
             raise ValueError(f"scene uses stamp {obj.stamp!r} but no stamps folder was given")
         rgba = _stamp_rgba(str(stamps_root / obj.stamp), side)
+        if angle:
+            rgba = rgba.rotate(angle, resample=Image.BICUBIC, expand=True)
         mask, fill = rgba.getchannel("A"), rgba.convert("RGB")
         outline = (20, 20, 20)
     else:
         mask = shape_mask(obj.kind, side)
-        fill = Image.new("RGB", (side, side), COLOURS[obj.colour])
+        if angle:
+            mask = mask.rotate(angle, resample=Image.BICUBIC, expand=True)
+        colour = tuple(int(np.clip(c + d, 0, 255)) for c, d in zip(COLOURS[obj.colour], tint))
+        fill = Image.new("RGB", mask.size, colour)
         outline = _outline_colour(COLOURS[obj.colour])
+    x0, y0 = cx - mask.width // 2, cy - mask.height // 2
     ring = mask.filter(ImageFilter.MaxFilter(2 * SUPERSAMPLE - 1 if SUPERSAMPLE > 1 else 3))
-    canvas.paste(Image.new("RGB", (side, side), outline), (x0, y0), ring)
+    canvas.paste(Image.new("RGB", mask.size, outline), (x0, y0), ring)
     canvas.paste(fill, (x0, y0), mask)
 
 
-def render_scene(scene: Scene, stamps_root: str | Path | None = None, size: int = IMAGE_SIZE) -> Image.Image:
-    """Renders `scene` as an RGB image of side `size`."""
+def render_scene(scene: Scene, stamps_root: str | Path | None = None, size: int = IMAGE_SIZE,
+                 look: Look | None = None) -> Image.Image:
+    """Renders `scene` as an RGB image of side `size`, drawn with `look` (default: the world's own drawing)."""
     root = Path(stamps_root) if stamps_root is not None else None
-    canvas = background_image(scene.background, size * SUPERSAMPLE).copy()
-    for obj in scene.objects:
-        _draw_object(canvas, obj, root)
+    look = look or Look()
+    for name in ("scales", "angles", "tints"):
+        if getattr(look, name) and len(getattr(look, name)) != len(scene.objects):
+            raise ValueError(f"a look gives {len(getattr(look, name))} {name} for a scene of "
+                             f"{len(scene.objects)} objects")
+    canvas = background_image(scene.background, size * SUPERSAMPLE, look.shade, look.texture, look.phase).copy()
+    for i, obj in enumerate(scene.objects):
+        _draw_object(canvas, obj, root, *look.of(i))
     return canvas.resize((size, size), Image.LANCZOS)

@@ -7,7 +7,7 @@ from pathlib import Path
 from ..backbones.base import Backbone
 from ..decompose.schema import Decomposition
 from ..features import ExtractConfig, extract_images, extract_texts
-from .manifest import load_benchmark, load_pairs
+from .manifest import load_benchmark, load_pairs, pictures_fingerprint
 
 
 def split_items(world: str | Path, split: str, include_captions: bool = True,
@@ -47,7 +47,10 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
     `cfg.tokens_for` says otherwise."""
     images, texts = split_items(world, split, include_captions, decompositions)
     from .generate import world_fingerprint
-    cfg = replace(cfg, source={"world": world_fingerprint(world), "split": split})
+    source = {"world": world_fingerprint(world), "split": split}
+    if "/" in split and pictures_fingerprint(world, *split.split("/", 1)) is not None:
+        source["pictures"] = pictures_fingerprint(world, *split.split("/", 1))  # a restaging's own images
+    cfg = replace(cfg, source=source)
     if "/" not in split and cfg.tokens and cfg.tokens_for is None:
         cfg = replace(cfg, tokens_for=context_texts(world, split, decompositions))
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}

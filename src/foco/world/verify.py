@@ -8,7 +8,7 @@ from pathlib import Path
 from ..utils.io import ImageLoadError, load_image, read_json, sha256_file
 from ..utils.progress import progress
 from .generate import BENCH_SPLITS, HASHES, PAIR_SPLITS, PROTOCOLS
-from .manifest import load_benchmark, load_pairs
+from .manifest import RESTAGED_RECORD, load_benchmark, load_pairs, restaged_record
 
 
 def verify_world(root: str | Path) -> dict:
@@ -17,6 +17,7 @@ def verify_world(root: str | Path) -> dict:
     summary = read_json(root / "world.json")
     _check_manifests(root, summary)
     images: list[Path] = []
+    restaged: dict[str, str] = {}  # relative path -> sha256, from each restaged.json
     counts = {}
     for split in PAIR_SPLITS:
         pairs = load_pairs(root, split)
@@ -30,7 +31,14 @@ def verify_world(root: str | Path) -> dict:
         if (root / "benchmarks" / split / "described").exists():  # `foco world describe` wrote one: checked too
             b = load_benchmark(root, split, "described")  # described.json against the world and the files
             counts[f"{split}/described"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+        if (root / "benchmarks" / split / "restaged").exists():  # `foco world restage` wrote one: its pictures too
+            b = load_benchmark(root, split, "restaged")  # restaged.json against the world and the files
+            counts[f"{split}/restaged"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+            images += b.gallery_images
+            restaged.update(_restaged_hashes(root, split, b))
     hashes = _read_hashes(root)
+    if hashes is not None:
+        hashes.update(restaged)
     bad = []
     for path in progress(images, desc="decoding and hashing images"):
         try:
@@ -42,10 +50,11 @@ def verify_world(root: str | Path) -> dict:
         if hashes is not None:
             want = hashes.get(rel)
             if want is None:
-                bad.append(f"{path}: not listed in {root / HASHES}")
+                bad.append(f"{path}: not listed in {root / HASHES} (nor in a restaged.json)")
             elif sha256_file(path) != want:
-                bad.append(f"{path}: content differs from the sha256 recorded in {root / HASHES} (replaced or "
-                           "damaged since generation)")
+                where = path.parent.parent / RESTAGED_RECORD if rel in restaged else root / HASHES
+                bad.append(f"{path}: content differs from the sha256 recorded in {where} (replaced or damaged "
+                           "since it was written)")
     if bad:
         raise ImageLoadError(f"{len(bad)} of {len(images)} images are missing, corrupt or changed:\n  "
                              + "\n  ".join(bad[:20]) + ("\n  ..." if len(bad) > 20 else "")
@@ -89,3 +98,15 @@ def _read_hashes(root: Path) -> dict[str, str] | None:
             raise ValueError(f"{path}:{lineno}: expected '<sha256>  <path>'; regenerate the world into a new --out")
         hashes[rel] = digest
     return hashes
+
+
+def _restaged_hashes(root: Path, split: str, b) -> dict[str, str]:
+    """{relative image path: sha256} of a split's restaged pictures, from its restaged.json (one per gallery id)."""
+    from ..utils.io import ManifestError
+    base = root / "benchmarks" / split / "restaged"
+    recorded = restaged_record(base)["images_sha256"]
+    missing = [g for g in b.gallery_ids if g not in recorded]
+    if missing:
+        raise ManifestError(f"{base / RESTAGED_RECORD} lists no sha256 for {len(missing)} gallery image(s), e.g. "
+                            f"{missing[:3]}; regenerate it with `foco world restage --force`")
+    return {p.relative_to(root).as_posix(): recorded[g] for g, p in zip(b.gallery_ids, b.gallery_images)}
