@@ -36,6 +36,8 @@ class TextFeatures:
     global_: torch.Tensor  # (B, D), L2-normalised
     tokens: torch.Tensor  # (B, L, D), projected, not normalised; padded positions are zeros or arbitrary
     mask: torch.Tensor  # (B, L) bool, True on real tokens
+    norm: torch.Tensor | None = None  # (B,) the global's L2 norm before normalisation (raw = global_ * norm[:, None],
+                                      # LinCIR's regression target); None where the encoder does not give it
 
 
 @runtime_checkable

@@ -314,6 +314,7 @@ class HFBackbone:
             hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
             tokens = text_model.head(hidden)  # (B, L, D)
             global_ = out.pooler_output  # (B, D) = head(hidden[:, -1])
+        norm = global_.float().norm(dim=-1)  # (B,) the raw global's norm
         global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
         return TextFeatures(global_=global_.to(out_device), tokens=tokens.float().to(out_device),
-                            mask=mask.to(out_device))
+                            mask=mask.to(out_device), norm=norm.to(out_device))

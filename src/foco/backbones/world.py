@@ -264,7 +264,8 @@ class WorldBackbone:
         """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default)."""
         states, mask = self.minilm(texts)  # (B, L, 384), (B, L)
         global_, tokens = self.model.text(states.to(self.device), mask.to(self.device))  # (B, D), (B, L, D)
-        return TextFeatures(F.normalize(global_, dim=-1).float().to(device), tokens.float().to(device), mask.to(device))
+        return TextFeatures(F.normalize(global_, dim=-1).float().to(device), tokens.float().to(device), mask.to(device),
+                            global_.float().norm(dim=-1).to(device))  # (B,) the raw global's norm
 
     @property
     def token_dim(self) -> int:
@@ -283,7 +284,8 @@ class WorldBackbone:
         states, mask = self.minilm.forward_with_tokens(texts, embeddings.to(self.device), placeholder)  # (B, L, E)
         global_, tokens = self.model.text(states, mask)  # (B, D), (B, L, D)
         out = embeddings.device  # the caller's: a trained mapper's device
-        return TextFeatures(F.normalize(global_, dim=-1).float().to(out), tokens.float().to(out), mask.to(out))
+        return TextFeatures(F.normalize(global_, dim=-1).float().to(out), tokens.float().to(out), mask.to(out),
+                            global_.float().norm(dim=-1).to(out))  # (B,), in the caller's grad mode
 
     def save(self, path: str | Path) -> None:
         save_world_checkpoint(self.model, path)

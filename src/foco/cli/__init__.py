@@ -7,10 +7,11 @@ import logging
 import os
 import sys
 
-from . import (ablate, backbone, composers, decompose, edits, evaluate, pic2word, quickstart, search, serve, train,
-               world)
+from . import (ablate, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search, serve,
+               train, world)
 
-GROUPS = (world, backbone, train, pic2word, composers, evaluate, ablate, decompose, edits, quickstart, search, serve)
+GROUPS = (world, backbone, train, pic2word, lincir, composers, evaluate, ablate, decompose, edits, quickstart, search,
+          serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -31,11 +31,14 @@ Losses = dict[str, torch.Tensor]  # name -> scalar loss
 OnStep = Callable[[int, dict[str, float]], None]  # (global step from 0 over all phases, losses)
 
 
-def lr_factor(step: int, total: int, warmup_frac: float) -> float:
-    """The multiplier of the base learning rate at `step` (from 0) of `total`: linear warm-up, then cosine."""
+def lr_factor(step: int, total: int, warmup_frac: float, schedule: str = "cosine") -> float:
+    """The multiplier of the base learning rate at `step` (from 0) of `total`: linear warm-up, then cosine decay
+    (`schedule` "cosine") or the base rate (`schedule` "constant", LinCIR's constant_with_warmup)."""
     warm = max(1, int(total * warmup_frac))
     if step < warm:
         return (step + 1) / warm
+    if schedule == "constant":
+        return 1.0
     return 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
@@ -62,7 +65,7 @@ class LoopConfig:
     n: int  # N, examples per epoch
     batch_size: int  # B (at most N)
     warmup_frac: float = 0.05  # of each phase's steps
-    grad_clip: float = 1.0  # max total gradient norm
+    grad_clip: float = 1.0  # max total gradient norm; 0: no clipping (the norm is still measured and checked)
     max_steps: int | None = None  # cap on each phase's steps; its schedule ends there
     name: str = "training"  # in log lines and progress bars, e.g. "FoCo"
     plot_keys: tuple[str, ...] = ()  # losses drawn per step into loss_curve.png; () draws nothing
@@ -73,6 +76,7 @@ class LoopConfig:
     precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast (foco.utils.precision)
     env: DistEnv = field(default_factory=DistEnv)  # data-parallel ranks: rank 0 writes, logs average over ranks
     device: str = "cpu"  # where the model and batches live: autocast runs for this device type
+    schedule: str = "cosine"  # after the warm-up: "cosine" decay or "constant" (`lr_factor`)
 
 
 # where or how fast a run computes, not what; precision is compared resolved, in the run's identity
@@ -347,14 +351,15 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
     log_: list[tuple[int, dict[str, float]]] = []
     with (Bar(len(batches), desc) if cfg.env.is_main else NoBar()) as bar:
         for idx, step in zip(batches, schedule):
-            factor = lr_factor(step, schedule.stop, cfg.warmup_frac)
+            factor = lr_factor(step, schedule.stop, cfg.warmup_frac, cfg.schedule)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * factor
             with autocast(cfg.precision, cfg.device):
                 losses = phase.step(idx)
             opt.zero_grad(set_to_none=True)
             losses[phase.objective].backward()
-            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)  # after DDP's all-reduce: every rank's
+            # after DDP's all-reduce: every rank's; grad_clip 0 measures the norm and clips nothing
+            norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
             values = mean_across({k: v.item() for k, v in losses.items()}, cfg.env)  # the same on every rank
             _check_finite(values, float(norm), cfg, desc, offset + step)
             opt.step()

@@ -1,0 +1,165 @@
+"""Training LinCIR's phi (`foco lincir train`): captions alone, the frozen text tower, self-masking projection
+(`foco.methods.lincir` gives the objective; navervision/lincir's train_phi.py and loader.py are the reference).
+
+The reference's recipe, kept: AdamW (torch's betas, weight decay 0.01), lr 1e-4, a constant schedule after no
+warm-up, noise scale 1.0, phi's dropout 0.5, MSE on the raw projected embeddings. Its budget (20,000 steps of 512
+captions of CC3M, SBU and others) is sized for millions of captions; here the budget is epochs over the given
+captions (`epochs`).
+
+Masking (`mask_caption`, loader.py's CaptionDataset): the caption is lower-cased with the placeholder character
+removed; its keyword runs are maximal runs of spaCy NOUN, PROPN, ADJ and DET tokens, joined by spaces. Each run
+that occurs in the caption is replaced (as a substring, every occurrence) by the placeholder, in order; at the first
+run that does not occur, one random word of the caption is replaced instead and the loop stops (no words: "a photo
+of * that {caption}"). A caption left without a placeholder becomes "a photo of *". The reference draws the random
+word anew each time it reads a caption; so does this trainer, from a seeded generator.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..backbones.pseudo import PseudoTokenBackbone
+from ..methods.lincir import LinCIRConfig, LinCIRPhi
+from ..utils.device import resolved
+from .distributed import DistEnv, current, ddp, rank_slice
+from .loop import Losses, LoopConfig, Phase, recorded_settings, refuse_overwrite, run, settings_of
+
+KEYWORD_POS = frozenset({"NOUN", "PROPN", "ADJ", "DET"})  # loader.py's extract_keywords_spacy
+
+
+@dataclass
+class LinCIRTrainConfig:
+    epochs: int = 20
+    batch_size: int = 256  # the reference's single-GPU advice: 256 or 512
+    lr: float = 1e-4
+    weight_decay: float = 0.01
+    grad_clip: float = 0.0  # the reference's --max_grad_norm None: no clipping
+    max_steps: int | None = None
+    seed: int = 0
+    device: str | None = None
+    allow_changed: tuple[str, ...] = ()
+    model: LinCIRConfig = field(default_factory=LinCIRConfig)
+
+
+def keyword_runs(nlp, caption: str) -> list[str]:
+    """The maximal runs of NOUN/PROPN/ADJ/DET tokens of `caption`, each joined by spaces, in order."""
+    runs, current_run = [], []
+    for token in nlp(caption):
+        if token.pos_ in KEYWORD_POS:
+            current_run.append(token.text)
+        elif current_run:
+            runs.append(" ".join(current_run))
+            current_run = []
+    if current_run:
+        runs.append(" ".join(current_run))
+    return runs
+
+
+def clean_caption(caption: str, placeholder: str = "*") -> str:
+    return caption.lower().replace(placeholder, "").strip()
+
+
+def mask_caption(caption: str, runs: Sequence[str], rng: random.Random, placeholder: str = "*") -> str:
+    """The masked caption of a cleaned `caption` with its keyword `runs` (module docstring)."""
+    masked = caption
+    for run_ in list(runs) or [""]:
+        if run_ != "" and run_ in caption:
+            masked = masked.replace(run_, placeholder)
+            continue
+        words = caption.split(" ")
+        if words:
+            masked = masked.replace(rng.choice(words), placeholder)
+        else:
+            masked = f"a photo of {placeholder} that {caption}"
+        break
+    if placeholder not in masked:  # (the tokenizers foco's pseudo-token backbones use split "*" off a word)
+        masked = f"a photo of {placeholder}"
+    return masked
+
+
+def rejoin(local: str, context: str) -> str:
+    """A decomposition pair as one sentence (the +AD control's extra captions): the context, then the local part."""
+    return f"{context} with {local}"
+
+
+class LinCIRObjective(torch.nn.Module):
+    """LinCIR's loss as a module's forward (for DDP): phi is trained, the text tower is frozen and held outside."""
+
+    def __init__(self, phi: LinCIRPhi, backbone: PseudoTokenBackbone):
+        super().__init__()
+        self.phi = phi
+        self.__dict__["backbone"] = backbone
+
+    def forward(self, target: torch.Tensor, noisy: torch.Tensor, masked: list[str]) -> Losses:
+        """target (b, D) raw embeddings of the captions; noisy (b, D) the same with noise; masked (b,) texts."""
+        text = self.backbone.encode_texts_with_tokens(masked, self.phi(noisy), self.phi.cfg.placeholder)
+        replaced = text.global_ * text.norm[:, None]  # (b, D), raw
+        return {"loss": F.mse_loss(replaced.float(), target.float())}
+
+
+def encode_raw(backbone, texts: Sequence[str], batch: int = 256) -> torch.Tensor:
+    """(N, D) raw (unnormalised) text embeddings of `texts`, a batch at a time."""
+    out = []
+    for i in range(0, len(texts), batch):
+        f = backbone.encode_texts(list(texts[i:i + batch]))
+        if f.norm is None:
+            raise ValueError(f"backbone {backbone.spec} gives no raw text norms, which LinCIR regresses on")
+        out.append(f.global_ * f.norm[:, None])
+    return torch.cat(out)
+
+
+def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: str | Path,
+                 cfg: LinCIRTrainConfig | None = None, resume: bool = False, meta: dict | None = None,
+                 nlp=None) -> LinCIRPhi:
+    """Trains phi on `captions` (text only) with the frozen `backbone`; writes `out`/lincir.safetensors + lincir.json
+    and the training log. Resumable (`resume=True`). `nlp`: a spaCy pipeline (default: foco's rule decomposer's)."""
+    cfg = cfg if cfg is not None else LinCIRTrainConfig()
+    if not captions:
+        raise ValueError("LinCIR trains on captions: none were given")
+    out = Path(out)
+    refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
+    cfg = replace(cfg, model=replace(cfg.model, embed_dim=int(backbone.embed_dim), token_dim=int(backbone.token_dim)))
+    if nlp is None:
+        from ..decompose.rule import load_spacy
+        nlp = load_spacy()
+    ph = cfg.model.placeholder
+    cleaned = [clean_caption(c, ph) for c in captions]
+    runs = [keyword_runs(nlp, c) for c in cleaned]
+    torch.manual_seed(cfg.seed)
+    rng = np.random.default_rng(cfg.seed)
+    words = random.Random(cfg.seed)  # the fallback word of a caption whose run is missing, drawn per read
+    noise_gen = torch.Generator().manual_seed(cfg.seed)
+    env = current(resolved(cfg.device))
+    phi = LinCIRPhi(cfg.model).to(env.device)
+    with torch.no_grad():
+        targets = encode_raw(backbone, cleaned).float()  # (N, D), fixed: the tower is frozen
+    objective = LinCIRObjective(phi, backbone)
+    if env.enabled:
+        objective = ddp(objective, env, find_unused=False)
+
+    def step(idx: torch.Tensor) -> Losses:  # idx (B,) the global batch; each rank takes its rows
+        rows = rank_slice(idx, env)
+        e = targets[rows]  # (b, D)
+        scale = torch.rand(e.shape[0], 1, generator=noise_gen)  # (b, 1), U[0, 1)
+        noisy = e + cfg.model.noise * scale * torch.randn(e.shape, generator=noise_gen)  # (b, D)
+        masked = [mask_caption(cleaned[i], runs[i], words, ph) for i in rows.tolist()]
+        return objective(e.to(env.device), noisy.to(env.device), masked)
+
+    def optimizer() -> torch.optim.Optimizer:
+        return torch.optim.AdamW(phi.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+    n, B = len(cleaned), min(cfg.batch_size, len(cleaned))
+    history = run(phi, [Phase(cfg.epochs, optimizer, step)], out,
+                  LoopConfig(n, B, warmup_frac=0.0, grad_clip=cfg.grad_clip, max_steps=cfg.max_steps,
+                             name="LinCIR", env=env, device=env.device, schedule="constant",
+                             identity={"backbone": backbone.spec}, settings=settings_of(cfg),
+                             allow_changed=frozenset(cfg.allow_changed)), rng, resume)
+    if env.is_main:
+        phi.save(out, {"backbone": backbone.spec, "captions": n, **recorded_settings(history), **(meta or {})})
+    return phi
