@@ -191,3 +191,31 @@ def test_k_curve_trains_k_1_to_5_and_plots(tiny_world, tiny_features, tmp_path):
     assert (out / "k-curve-paper-val.png").stat().st_size > 10_000
     assert "Fig. 3 (the curve below)" in (out / "ablations.md").read_text()
     assert k_curve([r for r in table["rows"] if r["variant"] == "full"]) is None  # one K is not a curve
+
+
+@pytest.mark.slow
+def test_one_protocol_per_table_reuses_the_checkpoints(tiny_world, tiny_features, tmp_path):
+    """--protocols described: the same checkpoints scored on another protocol, its own result files and table
+    (no mAP@10 on a single-target protocol); 1a and 1c train without a stage 1."""
+    import shutil
+    world = shutil.copytree(tiny_world, tmp_path / "w")
+    assert main(["world", "describe", "--world", str(world), "--share", "0.8", "--split", "val"]) == 0
+    feats = tmp_path / "f"
+    feats.mkdir()
+    for name in ("train", "val-single", "val-multi"):
+        (feats / name).symlink_to(tiny_features / name)
+    assert main(["features", "extract", "--backbone", "world:pretrained", "--world", str(world), "--split",
+                 "val/described", "--out", str(feats / "val-described"), "--precision", "auto"]) == 0
+    out = tmp_path / "abl"
+    chosen = "naive-global,cam-comp,aggr-linear-fusion"
+    assert main(_args(world, feats, out, "--variants", chosen)) == 0
+    stamp = (out / "paper" / "cam-comp" / "seed0" / "foco.safetensors").stat().st_mtime_ns
+    assert main(_args(world, feats, out, "--variants", chosen, "--protocols", "described")) == 0
+    assert (out / "paper" / "cam-comp" / "seed0" / "foco.safetensors").stat().st_mtime_ns == stamp  # not retrained
+    tables = json.loads((out / "ablations.json").read_text())["paper"]
+    assert set(tables) == {"val", "val-described"}
+    assert tables["val-described"]["metrics"] == ["R@1", "Rs@1"] and "mAP@10" in tables["val"]["metrics"]
+    for name in ("full", "naive-global", "cam-comp", "aggr-linear-fusion"):
+        res = json.loads((out / "paper" / name / "seed0" / "result-val-described.json").read_text())
+        assert res["protocols"] == ["described"] and "mAP@10" not in res["metrics"]
+    assert "| variant | paper | R@1 | Rs@1 | ΔR@1" in (out / "ablations.md").read_text()

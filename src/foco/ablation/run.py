@@ -49,6 +49,13 @@ class AblateConfig:
     precision: str = "auto"
     max_steps: int | None = None  # cap on each stage's steps (smoke runs)
     device: str = "auto"  # foco.utils.device
+    protocols: tuple[str, ...] = ("single", "multi")  # the world protocols evaluated (e.g. ("restaged",))
+
+    @property
+    def key(self) -> str:
+        """What a result is of: the split, with the protocols when they are not the default pair ("test",
+        "test-restaged")."""
+        return self.split if self.protocols == ("single", "multi") else f"{self.split}-{'+'.join(self.protocols)}"
 
 
 def run_ablation(cfg: AblateConfig) -> dict:
@@ -62,10 +69,11 @@ def run_ablation(cfg: AblateConfig) -> dict:
         raise ValueError(f"--recipe {cfg.recipe!r}: choose one of {', '.join(RECIPES)}")
     out = Path(cfg.out)
     train_features = Path(cfg.features) / "train"
-    for need in [train_features] + [Path(cfg.features) / f"{cfg.split}-{p}" for p in ("single", "multi")]:
+    for need in [train_features] + [Path(cfg.features) / f"{cfg.split}-{p}" for p in cfg.protocols]:
         if not (need / "manifest.json").is_file():
             raise FileNotFoundError(f"--features {cfg.features}: {need} is missing; run `foco quickstart` (it writes "
-                                    f"train, val and test features) or `foco features extract` for it")
+                                    f"train, val and test features) or `foco features extract --split "
+                                    f"{cfg.split}/{need.name.split('-', 1)[1]}` for it")
     manifest = read_json(train_features / "manifest.json")
     plan = quickstart_plan(cfg.size)
     device = str(resolve_device(cfg.device))
@@ -80,7 +88,7 @@ def run_ablation(cfg: AblateConfig) -> dict:
         _run_one(cfg, data, variant, seed, replace(variant.apply(base), seed=seed), where)
     table = tabulate(cfg, _results(cfg))
     table["wall_s"] = round(time.time() - t0, 1)
-    _write_tables(out, cfg.recipe, cfg.split, table)
+    _write_tables(out, cfg.recipe, cfg.key, table)
     return table
 
 
@@ -96,7 +104,7 @@ class _Data:
         self.tables: dict[str, object] = {}
         self.edits: dict[str, object] = {}
         self.keep: set[str] | None = None
-        self.benchmark = _Benchmark(cfg.world, cfg.features, cfg.split)
+        self.benchmark = _Benchmark(cfg.world, cfg.features, cfg.split, cfg.protocols)
 
     def _decompositions(self, decomposer: str) -> dict:
         from ..world.decompositions import world_decompositions
@@ -164,7 +172,7 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
     """Trains (or resumes) and evaluates one variant and seed, unless done."""
     from ..train.foco import train_foco
     folder = Path(cfg.out) / cfg.recipe / variant.name / f"seed{seed}"
-    result = folder / f"result-{cfg.split}.json"
+    result = folder / f"result-{cfg.key}.json"
     if result.is_file():
         log.info("%s: done already (%s)", where, result)
         return
@@ -183,9 +191,9 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
     trained_s = time.time() - t0
     row = data.benchmark.evaluate(folder)
     atomic_write_text(result, json.dumps({"variant": variant.name, "seed": seed, "recipe": cfg.recipe,
-                                          "split": cfg.split, "metrics": row, "train_s": round(trained_s, 1),
+                                          "split": cfg.split, "protocols": list(cfg.protocols), "metrics": row, "train_s": round(trained_s, 1),
                                           "eval_s": round(time.time() - t0 - trained_s, 1)}, indent=2) + "\n")
-    log.info("%s: R@1 %.2f, Rs@1 %.2f, mAP@10 %.2f (%.0f s)", where, row["R@1"], row["Rs@1"], row["mAP@10"],
+    log.info("%s: %s (%.0f s)", where, ", ".join(f"{m} {row[m]:.2f}" for m in METRICS if m in row),
              time.time() - t0)
 
 
@@ -198,10 +206,11 @@ def _trained(folder: Path, stage3: bool) -> bool:
 class _Benchmark:
     """The world's `split` and its features, read once and shared by every checkpoint's evaluation."""
 
-    def __init__(self, world: Path, features: Path, split: str):
+    def __init__(self, world: Path, features: Path, split: str, protocols: tuple[str, ...] = ("single", "multi")):
         from ..benchmarks.world import read_world
         from ..eval.evaluate import world_cache_features
-        self.parts, self._source, self._features = read_world(world, split), world_cache_features(features), {}
+        self.parts, self._source = read_world(world, split, protocols), world_cache_features(features)
+        self._features = {}
 
     def features(self, bench):
         if bench.name not in self._features:
@@ -244,7 +253,7 @@ def _results(cfg: AblateConfig) -> dict[str, dict[int, dict]]:
     found: dict[str, dict[int, dict]] = {}
     for v in cfg.variants:
         for s in cfg.seeds:
-            path = Path(cfg.out) / cfg.recipe / v.name / f"seed{s}" / f"result-{cfg.split}.json"
+            path = Path(cfg.out) / cfg.recipe / v.name / f"seed{s}" / f"result-{cfg.key}.json"
             found.setdefault(v.name, {})[s] = read_json(path)["metrics"]
     return found
 
@@ -253,11 +262,12 @@ def tabulate(cfg: AblateConfig, results: dict[str, dict[int, dict]]) -> dict:
     """Per variant: each metric's mean and sd over seeds, the paired R@1 delta against the full model (mean, sd,
     per seed), the paper's delta, whether the signs agree and whether ours counts beyond noise (`stats`)."""
     full = results["full"]
+    metrics = [m for m in METRICS if all(m in r for r in full.values())]  # mAP@10 needs the multi protocol
     rows = []
     for v in cfg.variants:
         per_seed = results[v.name]
         row = {"variant": v.name, "paper_id": v.paper_id, "what": v.what, "seeds": sorted(per_seed), "k": v.k}
-        for m in METRICS:
+        for m in metrics:
             mean, sd = mean_sd([per_seed[s][m] for s in sorted(per_seed)])
             row[m] = {"mean": round(mean, 2), "sd": round(sd, 2)}
         if v.name != "full":
@@ -270,7 +280,7 @@ def tabulate(cfg: AblateConfig, results: dict[str, dict[int, dict]]) -> dict:
         rows.append(row)
     ablated = [r for r in rows if r["variant"] != "full" and r.get("in_paper", True)]
     curve = k_curve(rows)
-    return {"recipe": cfg.recipe, "split": cfg.split, "seeds": list(cfg.seeds), "pairs": cfg.pairs,
+    return {"recipe": cfg.recipe, "split": cfg.key, "seeds": list(cfg.seeds), "pairs": cfg.pairs, "metrics": metrics,
             "size": cfg.size, "rows": rows, **({"k_curve": curve} if curve else {}),
             "signs": {"ablations": len(ablated), "agree": sum(r["sign"]["agrees"] for r in ablated),
                       "beyond_noise": sum(r["sign"]["counts"] for r in ablated), "min_seeds": MIN_SEEDS}}
@@ -278,15 +288,17 @@ def tabulate(cfg: AblateConfig, results: dict[str, dict[int, dict]]) -> dict:
 
 def k_curve(rows: list[dict]) -> dict | None:
     """The K curve (the paper's Fig. 3) from a table's rows: each K's R@1 and mAP@10 (mean, sd), in K order, and
-    the K with the highest mAP@10; None unless at least two values of K were run."""
+    the K with the highest mAP@10 (R@1 on protocols without mAP@10); None unless at least two K were run."""
     from .variants import PAPER_K_PEAK
     points = sorted((r for r in rows if r.get("k") is not None), key=lambda r: r["k"])
     if len({r["k"] for r in points}) < 2:
         return None
+    shown = [m for m in ("R@1", "mAP@10") if m in points[0]]
+    peak_by = "mAP@10" if "mAP@10" in shown else "R@1"
     return {"k": [r["k"] for r in points], "variants": [r["variant"] for r in points],
-            **{m: {"mean": [r[m]["mean"] for r in points], "sd": [r[m]["sd"] for r in points]}
-               for m in ("R@1", "mAP@10")},
-            "peak_k": max(points, key=lambda r: r["mAP@10"]["mean"])["k"], "paper_peak_k": PAPER_K_PEAK}
+            **{m: {"mean": [r[m]["mean"] for r in points], "sd": [r[m]["sd"] for r in points]} for m in shown},
+            "peak_by": peak_by, "peak_k": max(points, key=lambda r: r[peak_by]["mean"])["k"],
+            "paper_peak_k": PAPER_K_PEAK}
 
 
 def plot_k_curve(table: dict, path: Path) -> None:
@@ -298,6 +310,8 @@ def plot_k_curve(table: dict, path: Path) -> None:
     curve = table["k_curve"]
     fig, ax = plt.subplots(figsize=(5.5, 4.4))
     for metric, style in (("mAP@10", "o-"), ("R@1", "s--")):
+        if metric not in curve:
+            continue
         ax.errorbar(curve["k"], curve[metric]["mean"], yerr=curve[metric]["sd"], fmt=style, capsize=3,
                     label=f"{metric}, world {table['split']} (mean ± sd, seeds {', '.join(map(str, table['seeds']))})")
     ax.axvline(curve["paper_peak_k"], color="grey", ls=":", label=f"the paper's peak (Fig. 3, CIRCO mAP): "
@@ -315,12 +329,14 @@ def plot_k_curve(table: dict, path: Path) -> None:
 
 def markdown(table: dict) -> str:
     """The table as markdown: variant, R@1, Rs@1, mAP@10 (mean ± sd), our R@1 delta, the paper's, and the signs."""
+    metrics = table.get("metrics", list(METRICS))
     lines = [f"### recipe {table['recipe']}, world {table['split']}, seeds {', '.join(map(str, table['seeds']))}"
              + (f", {table['pairs']} training pairs" if table.get("pairs") else ""), "",
-             "| variant | paper | R@1 | Rs@1 | mAP@10 | ΔR@1 (ours) | paper's sign (the seed); CIRR ΔR@1 quoted, not in the seed | signs agree | beyond noise (t) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| variant | paper | " + " | ".join(metrics) + " | ΔR@1 (ours) | paper's sign (the seed); CIRR ΔR@1 "
+             "quoted, not in the seed | signs agree | beyond noise (t) |",
+             "|---|---|" + "---|" * len(metrics) + "---|---|---|---|"]
     for r in table["rows"]:
-        cells = [r["variant"], r["paper_id"]] + [f"{r[m]['mean']:.1f} ± {r[m]['sd']:.1f}" for m in METRICS]
+        cells = [r["variant"], r["paper_id"]] + [f"{r[m]['mean']:.1f} ± {r[m]['sd']:.1f}" for m in metrics]
         if r["variant"] == "full":
             cells += ["", "", "", ""]
         else:
@@ -347,8 +363,9 @@ def markdown(table: dict) -> str:
                       "table are above full beyond noise (a paired one-sided t at 95 %)."]
     if table.get("k_curve"):
         c = table["k_curve"]
-        lines += ["", "K curve (mAP@10 by K): " + ", ".join(f"K = {k}: {m:.1f} ± {sd:.1f}" for k, m, sd in
-                                                        zip(c["k"], c["mAP@10"]["mean"], c["mAP@10"]["sd"]))
+        by = c.get("peak_by", "mAP@10")
+        lines += ["", f"K curve ({by} by K): " + ", ".join(f"K = {k}: {m:.1f} ± {sd:.1f}" for k, m, sd in
+                                                        zip(c["k"], c[by]["mean"], c[by]["sd"]))
                   + f"; highest at K = {c['peak_k']} (the paper's Fig. 3: K = {c['paper_peak_k']})."]
     if "wall_s" in table:
         lines.append(f"Wall time of this command: {table['wall_s'] / 60:.1f} min.")

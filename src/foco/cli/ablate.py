@@ -17,12 +17,21 @@ def _seeds(text: str) -> tuple[int, ...]:
     return seeds
 
 
+def _protocols(text: str) -> tuple[str, ...]:
+    from ..benchmarks.world import PROTOCOLS
+    chosen = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    bad = [p for p in chosen if p not in PROTOCOLS]
+    if bad or not chosen:
+        raise argparse.ArgumentTypeError(f"{text!r}: choose from {', '.join(PROTOCOLS)}")
+    return chosen
+
+
 def _ablate(a: argparse.Namespace) -> int:
     from ..ablation.run import AblateConfig, markdown, run_ablation
     from ..ablation.variants import variants
     cfg = AblateConfig(world=Path(a.world), features=Path(a.features), out=Path(a.out), recipe=a.recipe,
                        variants=variants(a.variants), split=a.split, seeds=a.seeds, pairs=a.pairs, size=a.size,
-                       precision=a.precision, max_steps=a.max_steps, device=a.device)
+                       precision=a.precision, max_steps=a.max_steps, device=a.device, protocols=a.protocols)
     table = run_ablation(cfg)
     print(markdown(table))
     print(f"tables in {a.out}/ablations.md and {a.out}/ablations.json; checkpoints in {a.out}/{a.recipe}/")
@@ -46,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "(K = 1..5 decomposition pairs per image, the paper's Fig. 3; plotted to "
                         "OUT/k-curve-RECIPE-SPLIT.png) or names separated by commas (full is always added)")
     p.add_argument("--split", default="test", choices=["val", "test"], help="the world split evaluated")
+    p.add_argument("--protocols", default=("single", "multi"), type=_protocols,
+                   help="the world protocols evaluated, comma-separated (default single,multi; e.g. restaged or "
+                        "described, one per table: their features in <split>-<protocol>/); the checkpoints are "
+                        "shared, so a second protocol only evaluates")
     p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
     add_owned_output(p, signature=("ablate.json", "ablations.json"))
     p.add_argument("--seeds", type=_seeds, default=(0,),
