@@ -25,7 +25,7 @@ from foco.cli import main as foco
 from foco.utils.io import atomic_write_text
 
 SHOW = ("R@1", "R@5", "R@10", "Rs@1")
-ORDER = ("foco", "foco-edits", "pact", "tscir", "pic2word", "slerp", "sum", "image", "text")
+ORDER = ("foco", "foco-edits", "pact", "tscir", "pic2word", "lincir", "lincir+ad", "slerp", "sum", "image", "text")
 
 
 def _run(argv: list[str]) -> None:
@@ -42,6 +42,9 @@ def main() -> None:
     ap.add_argument("--pact", default=None, help="PACT checkpoints, one per seed, comma-separated")
     ap.add_argument("--tscir", default=None, help="TSCIR checkpoints, one per seed, comma-separated")
     ap.add_argument("--protocols", default="described", help="comma-separated test protocols, e.g. single,described")
+    ap.add_argument("--lincir", action="store_true",
+                    help="also LinCIR and LinCIR +AD (the decompositions rejoined as extra captions), trained here per "
+                         "seed with `foco lincir train`'s defaults on RUN/world's train captions (issue 40)")
     a = ap.parse_args()
     run, seeds_dir = Path(a.run), Path(a.seeds_dir)
     out = run / "described-methods"
@@ -76,6 +79,15 @@ def main() -> None:
             trained["pact"] = {"pact": Path(pact[n])}
         if tscir:
             trained["tscir"] = {"tscir": Path(tscir[n])}
+        lincirs = {}
+        if a.lincir:
+            for label, extra in (("lincir", []), ("lincir+ad", ["--add-decompositions"])):
+                folder = out / f"{label.replace('+', '-')}-s{s}"
+                if not (folder / "lincir.safetensors").is_file():
+                    _run(["lincir", "train", "--world", run / "world", "--backbone", spec, "--out", folder,
+                          "--seed", s, *extra, *(["--resume"] if (folder / "train_state").exists() else [])])
+                lincirs[label] = folder
+                trained[label] = {"_method": "lincir", "lincir": folder}
         for protocol in protocols:
             tag = "" if protocol == "described" else f"{protocol}-"
             result = out / f"test-{tag}s{s}.json"
@@ -99,6 +111,12 @@ def main() -> None:
                     _run(["eval", "--world", run / "world", "--features", run / "features", "--split", "test",
                           "--protocols", protocol, "--methods", ",".join(composers), *extra, "--out", more])
                 per_seed[protocol][s]["methods"].update(json.loads(more.read_text())["methods"])
+            for label, folder in lincirs.items():  # one file each: both are the method "lincir"
+                more = out / f"test-{tag}{label.replace('+', '-')}-s{s}.json"
+                if not more.is_file():
+                    _run(["eval", "--world", run / "world", "--features", run / "features", "--split", "test",
+                          "--protocols", protocol, "--methods", "lincir", "--lincir", folder, "--out", more])
+                per_seed[protocol][s]["methods"][label] = json.loads(more.read_text())["methods"]["lincir"]
             for name, value in _reliance(run, protocol, spec, trained, out / f"reliance-{tag}s{s}.json").items():
                 reliance_rows[protocol].setdefault(name, []).append(value)
     tables = {}
@@ -142,7 +160,8 @@ def _reliance(run: Path, protocol: str, spec: str, trained: dict, cache: Path) -
     bench, feats = load_world_part(run / "world", "test", protocol, run / "features" / f"test-{protocol}")
     backbone = create_backbone(spec)
     for name, options in todo.items():
-        method = build_method(name, backbone=backbone, **options)
+        options = dict(options)
+        method = build_method(options.pop("_method", name), backbone=backbone, **options)
         out[name] = reliance(method, bench, feats)["cos(query, query with another text)"]
     atomic_write_text(cache, json.dumps(out, indent=1) + "\n")
     return {name: out[name] for name in trained}
