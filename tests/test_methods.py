@@ -23,13 +23,15 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
     torch.manual_seed(0)
     ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(root / "foco")
     Pic2WordMapper(Pic2WordConfig(image_dim=32, token_dim=world_bb.token_dim, hidden_dim=16)).save(root / "p2w")
+    from foco.methods.lincir import LinCIRConfig, LinCIRPhi
+    LinCIRPhi(LinCIRConfig(embed_dim=32, token_dim=world_bb.token_dim, hidden_ratio=1)).save(root / "lincir")
     from foco.backbones.tunable import TextTuneConfig
     from foco.train.pact import build_composer
     for method, mapper in (("pact", "pic2word"), ("tscir", "vsi")):
         build_composer(method, mapper, Pic2WordConfig(hidden_dim=16), TextTuneConfig(), world_bb, 32,
                        patch_dim=32).save(root / method)
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco", pic2word=root / "p2w", slerp_alpha=0.3,
-                         pact=root / "pact", tscir=root / "tscir", backbone=world_bb)
+                         pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb)
 
 
 def _batch(world_bb, n=5):  # noqa: F811
