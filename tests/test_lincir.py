@@ -111,3 +111,44 @@ def test_train_and_evaluate_from_the_cli(tiny_world, train_features, eval_featur
     assert main(["eval", "--world", str(tiny_world), "--features", str(eval_features), "--protocols", "single",
                  "--methods", "lincir", "--lincir", str(ad), "--out", str(res)]) == 2  # another backbone's phi
     assert "backbones differ" in capsys.readouterr().err
+
+
+class _NoRunNLP:
+    """A spaCy stand-in whose one keyword run never occurs in the caption: every read falls back to a random word."""
+
+    def __call__(self, text):
+        from types import SimpleNamespace
+        return [SimpleNamespace(text="zzz", pos_="NOUN")]
+
+
+def test_a_killed_run_resumes_to_the_uninterrupted_weights(monkeypatch, tmp_path):
+    """The noise, the fallback words (every read here) and phi's dropout continue their streams on --resume."""
+    from foco import create_backbone
+    from foco.train import lincir as lincir_train
+    from foco.train.lincir import LinCIRTrainConfig, train_lincir
+    from foco.train.loop import run as loop_run
+    backbone = create_backbone("world:pretrained")
+    captions = [f"a {c} {s} on a {b}" for c in ("red", "blue", "green") for s in ("circle", "star", "heart")
+                for b in ("beach", "road")]  # 18 captions
+    cfg = LinCIRTrainConfig(epochs=3, batch_size=6, seed=5, model=LinCIRConfig(hidden_ratio=1))
+    straight = train_lincir(captions, backbone, tmp_path / "straight", cfg, nlp=_NoRunNLP())
+
+    class Killed(Exception):
+        pass
+
+    def killed_after_one_epoch(*args, **kwargs):
+        def on_epoch(rec):
+            raise Killed
+        return loop_run(*args, on_epoch=on_epoch, **kwargs)
+    monkeypatch.setattr(lincir_train, "run", killed_after_one_epoch)
+    with pytest.raises(Killed):
+        train_lincir(captions, backbone, tmp_path / "killed", cfg, nlp=_NoRunNLP())
+    monkeypatch.setattr(lincir_train, "run", loop_run)
+    torch.manual_seed(123)  # the process's RNG elsewhere: the state restores it
+    resumed = train_lincir(captions, backbone, tmp_path / "killed", cfg, resume=True, nlp=_NoRunNLP())
+    for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name
+    # and the fallback word does matter: another seed's stream gives other weights
+    other = train_lincir(captions, backbone, tmp_path / "other", LinCIRTrainConfig(
+        epochs=3, batch_size=6, seed=6, model=LinCIRConfig(hidden_ratio=1)), nlp=_NoRunNLP())
+    assert not torch.equal(other.state_dict()["layers.0.weight"], straight.state_dict()["layers.0.weight"])

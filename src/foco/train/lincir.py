@@ -11,7 +11,11 @@ removed; its keyword runs are maximal runs of spaCy NOUN, PROPN, ADJ and DET tok
 that occurs in the caption is replaced (as a substring, every occurrence) by the placeholder, in order; at the first
 run that does not occur, one random word of the caption is replaced instead and the loop stops (no words: "a photo
 of * that {caption}"). A caption left without a placeholder becomes "a photo of *". The reference draws the random
-word anew each time it reads a caption; so does this trainer, from a seeded generator.
+word anew each time it reads a caption; so does this trainer, from the torch generator that also draws the noise
+(saved with the training state, so that a resumed run continues the same stream).
+
+Under DDP every rank draws the noise and the fallback words of the whole global batch from that generator (the same
+stream on every rank) and keeps its own rows: N ranks train on what one process would.
 """
 from __future__ import annotations
 
@@ -65,7 +69,17 @@ def clean_caption(caption: str, placeholder: str = "*") -> str:
     return caption.lower().replace(placeholder, "").strip()
 
 
-def mask_caption(caption: str, runs: Sequence[str], rng: random.Random, placeholder: str = "*") -> str:
+class _Chooser:
+    """`random.Random.choice`'s interface over a torch generator (one draw per call)."""
+
+    def __init__(self, generator: torch.Generator):
+        self.generator = generator
+
+    def choice(self, seq: Sequence[str]) -> str:
+        return seq[int(torch.randint(len(seq), (1,), generator=self.generator))]
+
+
+def mask_caption(caption: str, runs: Sequence[str], rng: random.Random | _Chooser, placeholder: str = "*") -> str:
     """The masked caption of a cleaned `caption` with its keyword `runs` (module docstring)."""
     masked = caption
     for run_ in list(runs) or [""]:
@@ -103,6 +117,17 @@ class LinCIRObjective(torch.nn.Module):
         return {"loss": F.mse_loss(replaced.float(), target.float())}
 
 
+def lincir_captions(world: str | Path, split: str = "train", add_decompositions: bool = False) -> list[str]:
+    """The captions LinCIR trains on: the `split` pairs' captions of a world, and with `add_decompositions` (the
+    +AD control) every pair of each caption's oracle decomposition rejoined as one more sentence (`rejoin`)."""
+    from ..world.manifest import load_pairs
+    pairs = load_pairs(world, split)
+    captions = [p.caption for p in pairs]
+    if add_decompositions:
+        captions += [rejoin(pair.local, pair.context) for p in pairs for pair in p.decomposition.pairs]
+    return captions
+
+
 def encode_raw(backbone, texts: Sequence[str], batch: int = 256) -> torch.Tensor:
     """(N, D) raw (unnormalised) text embeddings of `texts`, a batch at a time."""
     out = []
@@ -133,8 +158,8 @@ def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: st
     runs = [keyword_runs(nlp, c) for c in cleaned]
     torch.manual_seed(cfg.seed)
     rng = np.random.default_rng(cfg.seed)
-    words = random.Random(cfg.seed)  # the fallback word of a caption whose run is missing, drawn per read
-    noise_gen = torch.Generator().manual_seed(cfg.seed)
+    noise_gen = torch.Generator().manual_seed(cfg.seed)  # the noise and the fallback words; saved on resume
+    words = _Chooser(noise_gen)
     env = current(resolved(cfg.device))
     phi = LinCIRPhi(cfg.model).to(env.device)
     with torch.no_grad():
@@ -144,12 +169,12 @@ def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: st
         objective = ddp(objective, env, find_unused=False)
 
     def step(idx: torch.Tensor) -> Losses:  # idx (B,) the global batch; each rank takes its rows
-        rows = rank_slice(idx, env)
-        e = targets[rows]  # (b, D)
-        scale = torch.rand(e.shape[0], 1, generator=noise_gen)  # (b, 1), U[0, 1)
-        noisy = e + cfg.model.noise * scale * torch.randn(e.shape, generator=noise_gen)  # (b, D)
-        masked = [mask_caption(cleaned[i], runs[i], words, ph) for i in rows.tolist()]
-        return objective(e.to(env.device), noisy.to(env.device), masked)
+        mine = rank_slice(torch.arange(idx.shape[0]), env)  # (b,) this rank's positions in the global batch
+        e_all = targets[idx]  # (B, D)
+        scale = torch.rand(e_all.shape[0], 1, generator=noise_gen)  # (B, 1), U[0, 1)
+        noisy = e_all + cfg.model.noise * scale * torch.randn(e_all.shape, generator=noise_gen)  # (B, D)
+        masked = [mask_caption(cleaned[i], runs[i], words, ph) for i in idx.tolist()]  # (B,), same stream per rank
+        return objective(e_all[mine].to(env.device), noisy[mine].to(env.device), [masked[j] for j in mine.tolist()])
 
     def optimizer() -> torch.optim.Optimizer:
         return torch.optim.AdamW(phi.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
@@ -159,7 +184,7 @@ def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: st
                   LoopConfig(n, B, warmup_frac=0.0, grad_clip=cfg.grad_clip, max_steps=cfg.max_steps,
                              name="LinCIR", env=env, device=env.device, schedule="constant",
                              identity={"backbone": backbone.spec}, settings=settings_of(cfg),
-                             allow_changed=frozenset(cfg.allow_changed)), rng, resume)
+                             allow_changed=frozenset(cfg.allow_changed)), rng, resume, generator=noise_gen)
     if env.is_main:
         phi.save(out, {"backbone": backbone.spec, "captions": n, **recorded_settings(history), **(meta or {})})
     return phi

@@ -335,7 +335,11 @@ def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: 
     for g, f in zip(opt.param_groups, fresh):
         g.update(f)  # this run's hyperparameters (equal to the saved ones unless --allow-changed changed them)
     if generator is not None:
-        generator.set_state(restored["extra_tensors"]["generator"])
+        saved = restored.get("extra_tensors", {}).get("generator")
+        if saved is None:
+            raise ValueError(f"the training state in {state_dir} has no saved torch generator, which this {name} "
+                             "run draws from (it was written by an older foco): start it again in a new --out")
+        generator.set_state(saved)
     log.info("resuming %s training%s after epoch %d", name, "".join(f" at {w}" for w in _words(phases[i].tag)),
              restored["epoch"])
     return i, int(restored["epoch"]), opt
