@@ -151,6 +151,17 @@ def test_eval_reads_it_and_refuses_features_of_another_restaging(world, tmp_path
     assert main(["eval", "--world", str(world), "--features", str(feats), "--split", "val", "--protocols",
                  "restaged", "--methods", "image", "--out", str(tmp_path / "stale.json")]) == 2
     assert "extract its features into a new folder" in capsys.readouterr().err
+    # a cache that records no restaging, and the described protocol's cache in the restaged one's place: refused
+    for name, source, words in (("bare", "val/restaged", "records no pictures"),
+                                ("swapped", "val/described", "holds the features of val/described")):
+        shutil.copytree(feats / "val-restaged", tmp_path / name / "val-restaged")
+        manifest = tmp_path / name / "val-restaged" / "manifest.json"
+        m = json.loads(manifest.read_text())
+        m["source"] = {"world": m["source"]["world"], "split": source}
+        manifest.write_text(json.dumps(m))
+        assert main(["eval", "--world", str(world), "--features", str(tmp_path / name), "--split", "val",
+                     "--protocols", "restaged", "--methods", "image", "--out", str(tmp_path / "no.json")]) == 2
+        assert words in capsys.readouterr().err
     # val and test at other strengths: slerp's alpha is not chosen across them
     assert main(["world", "restage", "--world", str(world), "--strength", "0.2", "--share", "1", "--split", "test",
                  "--force"]) == 0

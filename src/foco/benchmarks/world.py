@@ -63,12 +63,17 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
     fc.check_source("world", bench.source.get("world"), "the benchmark's --root",
                     f"pass the --root these features were extracted from, or extract this world's with `foco "
                     f"features extract --split {bench.split}/{protocol}`")
+    extract = f"`foco features extract --split {bench.split}/{protocol}`"
+    recorded = (fc.manifest.get("source") or {}).get("split")
+    if isinstance(recorded, str) and "/" in recorded and recorded != f"{bench.split}/{protocol}":
+        raise ValueError(f"feature cache {cache} holds the features of {recorded}, not of {bench.split}/{protocol}; "
+                         f"pass the folder of {bench.split}/{protocol}'s features, or extract them with {extract}")
     fc.check_source("pictures", bench.source.get("pictures"), f"the restaging now in {bench.split}/{protocol}",
-                    f"the restaged protocol was written again since; extract its features into a new folder with "
-                    f"`foco features extract --split {bench.split}/{protocol}`")
+                    f"the restaged protocol was written again since, or the features were extracted before foco "
+                    f"recorded it; extract its features into a new folder with {extract}",
+                    required=protocol == "restaged")
     ids, gallery = fc.stored_images()
     if ids != bench.gallery_ids():
-        protocol = bench.name.split("/")[-1]
         raise ValueError(f"feature cache {cache} does not hold the gallery of {bench.split}/{protocol}; extract it "
                          f"with `foco features extract --split {bench.split}/{protocol} --out {cache}`")
     text_ids, texts = fc.stored_texts()
