@@ -219,3 +219,13 @@ def test_one_protocol_per_table_reuses_the_checkpoints(tiny_world, tiny_features
         res = json.loads((out / "paper" / name / "seed0" / "result-val-described.json").read_text())
         assert res["protocols"] == ["described"] and "mAP@10" not in res["metrics"]
     assert "| variant | paper | R@1 | Rs@1 | ΔR@1" in (out / "ablations.md").read_text()
+    # the protocol written again at another share: the stored results are not reused, the checkpoints are
+    assert main(["world", "describe", "--world", str(world), "--share", "0.3", "--split", "val", "--force"]) == 0
+    shutil.rmtree(feats / "val-described")
+    assert main(["features", "extract", "--backbone", "world:pretrained", "--world", str(world), "--split",
+                 "val/described", "--out", str(feats / "val-described"), "--precision", "auto"]) == 0
+    assert main(_args(world, feats, out, "--variants", chosen, "--protocols", "described")) == 0
+    assert (out / "paper" / "cam-comp" / "seed0" / "foco.safetensors").stat().st_mtime_ns == stamp
+    for name in ("full", "cam-comp"):
+        res = json.loads((out / "paper" / name / "seed0" / "result-val-described.json").read_text())
+        assert res["sources"]["world/described"]["described_share"] == 0.3

@@ -173,9 +173,13 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
     from ..train.foco import train_foco
     folder = Path(cfg.out) / cfg.recipe / variant.name / f"seed{seed}"
     result = folder / f"result-{cfg.key}.json"
+    sources = data.benchmark.sources()
     if result.is_file():
-        log.info("%s: done already (%s)", where, result)
-        return
+        if read_json(result).get("sources") == sources:
+            log.info("%s: done already (%s)", where, result)
+            return
+        log.info("%s: the benchmark changed since %s was written (its parts' sources differ): evaluated again",
+                 where, result)
     t0 = time.time()
     meta = {"backbone": data.backbone.spec, "ablation": {"variant": variant.name, "paper_id": variant.paper_id,
                                                          "pairs": len(data.table(variant.decomposer))}}
@@ -191,7 +195,8 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
     trained_s = time.time() - t0
     row = data.benchmark.evaluate(folder)
     atomic_write_text(result, json.dumps({"variant": variant.name, "seed": seed, "recipe": cfg.recipe,
-                                          "split": cfg.split, "protocols": list(cfg.protocols), "metrics": row, "train_s": round(trained_s, 1),
+                                          "split": cfg.split, "protocols": list(cfg.protocols), "sources": sources,
+                                          "metrics": row, "train_s": round(trained_s, 1),
                                           "eval_s": round(time.time() - t0 - trained_s, 1)}, indent=2) + "\n")
     log.info("%s: %s (%.0f s)", where, ", ".join(f"{m} {row[m]:.2f}" for m in METRICS if m in row),
              time.time() - t0)
@@ -211,6 +216,11 @@ class _Benchmark:
         from ..eval.evaluate import world_cache_features
         self.parts, self._source = read_world(world, split, protocols), world_cache_features(features)
         self._features = {}
+
+    def sources(self) -> dict[str, dict]:
+        """Each part's source (world fingerprint, described share, restaging strength and pictures), which a stored
+        result must match to be reused."""
+        return json.loads(json.dumps({b.name: b.source for b in self.parts}))  # as a result file holds them
 
     def features(self, bench):
         if bench.name not in self._features:
