@@ -22,7 +22,7 @@ def _cam_twin(text, patches):
         for t in range(T):
             act = [float(F.cosine_similarity(patches[b, p], text[b, t], dim=0)) for p in range(P)]
             lo, hi = min(act), max(act)
-            keep = [p for p in range(P) if (act[p] - lo) / max(hi - lo, 1e-6) >= CAM_THRESHOLD]
+            keep = [p for p in range(P) if (act[p] - lo) / max(hi - lo, 1e-6) >= CAM_THRESHOLD or act[p] == hi]
             rest = [p for p in range(P) if p not in keep] or list(range(P))
             loc[b, t] = patches[b, keep].mean(0)
             bg[b, t] = patches[b, rest].mean(0)
@@ -42,6 +42,11 @@ def test_cam_masking_matches_a_per_pair_loop_and_global_copies_the_image():
     box[:, 4] = 0.0
     _, _, wb = FixedFocus("cam")(text, image_global, patches, attn_bias=box)
     assert torch.equal(wb.argmax(-1), torch.full((3, 4), 4)) and torch.allclose(wb[..., 4], torch.ones(3, 4))
+    # flat activations (every patch alike): every patch is a top one, nothing is divided by zero
+    flat = patches[:, :1].expand(3, 9, 16).clone()
+    loc, bg, w = FixedFocus("cam")(text, image_global, flat)
+    assert torch.isfinite(loc).all() and torch.allclose(w, torch.full((3, 4, 9), 1 / 9))
+    assert torch.allclose(loc, flat[:, :1].expand(3, 4, 16), atol=1e-6)
     loc, bg, w = FixedFocus("global")(text, image_global, patches)
     assert torch.equal(loc, image_global[:, None].expand(3, 4, 16)) and torch.allclose(bg, patches.mean(1,
                                                                                                   keepdim=True))
@@ -66,20 +71,27 @@ def test_linear_fusion_starts_as_pic2words_sum_and_matches_a_loop():
     assert torch.equal(fusion(v, bgr * 0, tokens, mask), fusion(v, bgr, tokens, mask))  # no background
 
 
-def _batch(b=4, K=2, L=5, P=6, D=16, seed=0):
+def _batch(b=4, K=2, L=5, P=6, D=16, seed=0, partial=False):
     g = torch.Generator().manual_seed(seed)
+    local_mask, ctx_mask = torch.ones(b, K, dtype=torch.bool), torch.ones(b, K, L, dtype=torch.bool)
+    if partial:  # images with fewer pairs (padding), and contexts of several lengths
+        local_mask[::2, 1] = False
+        ctx_mask[:, :, 3:] = torch.rand(b, K, L - 3, generator=g) < 0.5
     return TrainBatch(F.normalize(torch.randn(b, D, generator=g), dim=-1), torch.randn(b, P, D, generator=g),
-                      F.normalize(torch.randn(b, K, D, generator=g), dim=-1), torch.ones(b, K, dtype=torch.bool),
-                      torch.randn(b, K, L, D, generator=g), torch.ones(b, K, L, dtype=torch.bool))
+                      F.normalize(torch.randn(b, K, D, generator=g), dim=-1), local_mask,
+                      torch.randn(b, K, L, D, generator=g), ctx_mask)
 
 
+@pytest.mark.parametrize("partial", [False, True])
 @pytest.mark.parametrize("focus,layers", [("global", "linear"), ("attention", "linear"), ("cam", "transformer")])
-def test_each_ablation_trains_only_what_it_has(focus, layers):
+def test_each_ablation_trains_only_what_it_has(focus, layers, partial):
     model = ComposedQueryEncoder(FoCoConfig(dim=16, heads=4, focus=focus, comp_layers=layers))
-    batch = _batch()
+    batch = _batch(partial=partial)
     plan = plan_negatives(batch.local_mask, None, torch.Generator().manual_seed(0))
     out = foco_losses(model, batch, plan, with_comp=True)
+    assert all(torch.isfinite(v).all() for v in out.values())
     out["loss"].backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     if focus == "attention":
         assert out["aggr"].item() != 0 and model.log_scale_aggr.grad is not None
         assert all(p.grad is not None for p in model.aggr.parameters())

@@ -185,7 +185,8 @@ class FixedFocus(nn.Module):
     """The focus without F_Aggr (ablations 1a and 1c, module docstring): no parameters, the same call as `FAggr`.
 
     Args:
-        focus: "global" (v_loc = v_g) or "cam" (class-activation-based patch masking)."""
+        focus: "global" (v_loc = v_g) or "cam" (class-activation-based patch masking). "global" reads no patch
+            for v_loc, so a box (`attn_bias`) does not change it; "cam" adds the box to the activations."""
 
     trainable = False  # L_aggr is not computed: nothing here learns
 
@@ -215,7 +216,8 @@ class FixedFocus(nn.Module):
             act = act + attn_bias[:, None, :]
         lo, hi = act.amin(-1, keepdim=True), act.amax(-1, keepdim=True)
         cam = (act - lo) / (hi - lo).clamp_min(1e-6)  # (B, T, P) in [0, 1]
-        keep = (cam >= CAM_THRESHOLD).to(patches.dtype)  # (B, T, P), at least the top patch
+        keep = ((cam >= CAM_THRESHOLD) | (act == hi)).to(patches.dtype)  # (B, T, P): the top patch(es) always
+        # (flat activations give cam 0 everywhere: every patch is then a top one, and none is divided by zero)
         w_loc = keep / keep.sum(-1, keepdim=True)
         rest = 1.0 - keep
         n_rest = rest.sum(-1, keepdim=True)

@@ -99,7 +99,9 @@ def restage(scene: Scene, strength: float, rng: np.random.Generator) -> tuple[Sc
         scale = 1.0 + SCALE_SPREAD * s * float(scale_u[i])
         side_px = cell_px * SIZES[o.size] * scale
         # offsets that keep the object (rotated: up to 1.2 times its side) inside its cell; the world's own
-        # offsets (MAX_JITTER) at least
+        # offsets (MAX_JITTER) at least, so a large object (1.2 x side > cell - 2 x MAX_JITTER) may cross its cell's
+        # edge, as in the world's own pictures (a review measured the worst pairwise overlap of object boxes at 10 %
+        # at strength 1 against 7 % at 0, and the objects the picture's border cuts at 9.9 % against 6.5 %)
         reach = max(float(MAX_JITTER), (cell_px - 1.2 * side_px) / 2)
         jitter = tuple(int(round((1 - s) * o.jitter[k] + s * float(offsets[i, k]) * reach)) for k in range(2))
         cell = free.pop(0) if i in movers else o.cell

@@ -8,7 +8,7 @@ from pathlib import Path
 from ..utils.io import ImageLoadError, load_image, read_json, sha256_file
 from ..utils.progress import progress
 from .generate import BENCH_SPLITS, HASHES, PAIR_SPLITS, PROTOCOLS
-from .manifest import RESTAGED_RECORD, load_benchmark, load_pairs, restaged_record
+from .manifest import RESTAGED_RECORD, WorldBenchmark, load_benchmark, load_pairs, restaged_record
 
 
 def verify_world(root: str | Path) -> dict:
@@ -100,7 +100,7 @@ def _read_hashes(root: Path) -> dict[str, str] | None:
     return hashes
 
 
-def _restaged_hashes(root: Path, split: str, b) -> dict[str, str]:
+def _restaged_hashes(root: Path, split: str, b: WorldBenchmark) -> dict[str, str]:
     """{relative image path: sha256} of a split's restaged pictures, from its restaged.json (one per gallery id)."""
     from ..utils.io import ManifestError
     base = root / "benchmarks" / split / "restaged"
