@@ -20,11 +20,16 @@ import json
 import time
 from pathlib import Path
 
-from foco.ablation.stats import mean_sd
+from foco.ablation.stats import mean_sd, sign_verdict
 from foco.cli import main as foco
 from foco.utils.io import atomic_write_text
 
 SHOW = ("R@1", "R@5", "R@10", "Rs@1")
+# paired by seed, R@1: (method, against, the paper's sign, what the paper says); the paper's +AD rows change by at
+# most +0.3 (Context-I2W) and -0.3 (LinCIR, CIRCO mAP@5): "marginal or even negative", so no sign is claimed there
+PAIRED = (("lincir+ad", "lincir", 0, "+AD: marginal or negative (at most +0.3; LinCIR -0.3 CIRCO mAP@5)"),
+          ("foco", "lincir", 1, "FoCo above LinCIR"), ("foco", "lincir+ad", 1, "FoCo above every +AD baseline"),
+          ("foco", "pic2word", 1, "FoCo above Pic2Word"), ("foco", "slerp", 1, "FoCo above SlerpTAT (here slerp without its tuning)"))
 ORDER = ("foco", "foco-edits", "pact", "tscir", "pic2word", "lincir", "lincir+ad", "slerp", "sum", "image", "text")
 
 
@@ -129,7 +134,20 @@ def main() -> None:
                 rows[name]["seeds"] = len(runs)
                 if name in reliance_rows[protocol]:
                     rows[name]["text reliance"] = dict(zip(("mean", "sd"), mean_sd(reliance_rows[protocol][name])))
-        tables[protocol] = {"rows": rows, "chosen": {s: r["chosen"] for s, r in per_seed[protocol].items()}}
+        paired = {}
+        for method, base, sign, says in PAIRED:
+            both = [s for s, r in per_seed[protocol].items() if method in r["methods"] and base in r["methods"]]
+            if not both:
+                continue
+            deltas = [per_seed[protocol][s]["methods"][method]["R@1"] - per_seed[protocol][s]["methods"][base]["R@1"]
+                      for s in both]
+            m, sd = mean_sd(deltas)
+            entry = {"seeds": both, "deltas": deltas, "mean": m, "sd": sd, "paper": says}
+            if sign and len(both) >= 2:
+                entry.update(sign_verdict(deltas, sign))
+            paired[f"{method} - {base}"] = entry
+        tables[protocol] = {"rows": rows, "paired R@1": paired,
+                            "chosen": {s: r["chosen"] for s, r in per_seed[protocol].items()}}
     name = "results.json" if protocols == ["described"] else f"results-{'-'.join(protocols)}.json"
     atomic_write_text(out / name, json.dumps({"protocols": tables, "seeds": seeds,
                                               "seconds": round(time.time() - t0, 1)}, indent=2) + "\n")
@@ -142,6 +160,13 @@ def main() -> None:
             print(f"| {method} | {row['seeds']} | " + " | ".join(f"{row[k]['mean']:.1f} ± {row[k]['sd']:.1f}"
                                                               for k in SHOW)
                   + (f" | {rel['mean']:.3f} ± {rel['sd']:.3f} |" if rel else " | – |"))
+        if table["paired R@1"]:
+            print("\n| paired by seed | ΔR@1 | seeds | the paper | sign agrees | beyond noise (t) |\n|---|---|---|---|---|---|")
+            for key, e in table["paired R@1"].items():
+                verdict = (("yes" if e["agrees"] else "no"), ("yes" if e["counts"] else "no") + f" ({e['t']:.2f})") \
+                    if "agrees" in e and e.get("t") is not None else ("–", "–")
+                print(f"| {key} | {e['mean']:+.1f} ± {e['sd']:.1f} | {len(e['seeds'])} | {e['paper']} | "
+                      f"{verdict[0]} | {verdict[1]} |")
 
 
 def _reliance(run: Path, protocol: str, spec: str, trained: dict, cache: Path) -> dict[str, float]:
