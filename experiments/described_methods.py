@@ -29,7 +29,8 @@ SHOW = ("R@1", "R@5", "R@10", "Rs@1")
 # most +0.3 (Context-I2W) and -0.3 (LinCIR, CIRCO mAP@5): "marginal or even negative", so no sign is claimed there
 PAIRED = (("lincir+ad", "lincir", 0, "+AD: marginal or negative (at most +0.3; LinCIR -0.3 CIRCO mAP@5)"),
           ("foco", "lincir", 1, "FoCo above LinCIR"), ("foco", "lincir+ad", 1, "FoCo above every +AD baseline"),
-          ("foco", "pic2word", 1, "FoCo above Pic2Word"), ("foco", "slerp", 1, "FoCo above SlerpTAT (here slerp without its tuning)"))
+          ("foco", "pic2word", 1, "FoCo above Pic2Word"),
+          ("foco", "slerp", 1, "FoCo above SlerpTAT (here slerp without its tuning)"))
 ORDER = ("foco", "foco-edits", "pact", "tscir", "pic2word", "lincir", "lincir+ad", "slerp", "sum", "image", "text")
 
 
