@@ -162,7 +162,8 @@ def main() -> None:
                                                               for k in SHOW)
                   + (f" | {rel['mean']:.3f} ± {rel['sd']:.3f} |" if rel else " | – |"))
         if table["paired R@1"]:
-            print("\n| paired by seed | ΔR@1 | seeds | the paper | sign agrees | beyond noise (t) |\n|---|---|---|---|---|---|")
+            print("\n| paired by seed | ΔR@1 | seeds | the paper | sign agrees | beyond noise (t) |")
+            print("|---|---|---|---|---|---|")
             for key, e in table["paired R@1"].items():
                 verdict = (("yes" if e["agrees"] else "no"), ("yes" if e["counts"] else "no") + f" ({e['t']:.2f})") \
                     if "agrees" in e and e.get("t") is not None else ("–", "–")

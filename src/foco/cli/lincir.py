@@ -24,7 +24,8 @@ def _lincir_train(a: argparse.Namespace) -> int:
                        "added_decompositions": bool(a.add_decompositions)})
     shutdown(env)
     if env.is_main:
-        print(f"LinCIR phi in {a.out} ({len(captions)} captions); use it with foco eval --methods lincir --lincir {a.out}")
+        print(f"LinCIR phi in {a.out} ({len(captions)} captions); use it with "
+              f"foco eval --methods lincir --lincir {a.out}")
     return 0
 
 
