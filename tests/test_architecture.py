@@ -47,8 +47,6 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
 def _graph() -> dict[str, set[str]]:
     modules = _modules()
     graph = {m: _imports(m, p, modules) for m, p in modules.items()}
-    for m in graph:  # a package importing its own submodules (re-exports) is not a circle
-        graph[m] = {t for t in graph[m] if not (modules[m].name == "__init__.py" and t.startswith(m + "."))}
     return graph
 
 

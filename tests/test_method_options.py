@@ -93,7 +93,7 @@ def test_a_new_methods_flag_is_offered_by_eval_search_and_serve(toy):
 
 
 def test_the_default_backbone_is_the_one_a_weights_folder_records(toy, tmp_path):
-    from foco.methods.base import recorded_spec
+    from foco.methods.provenance import recorded_spec
     assert recorded_spec(MethodOptions()) is None
     folder = _save(tmp_path / "toy", torch.eye(4), "world:/some/backbone")
     assert recorded_spec(MethodOptions(toy_weights=folder)) == "world:/some/backbone"

@@ -95,7 +95,7 @@ def _eval(a: argparse.Namespace) -> int:
     from ..eval.evaluate import EvalConfig, evaluate
     from ..eval.report import results_table
     from ..methods import MethodOptions, needs_text_tower
-    from ..methods.base import recorded_spec
+    from ..methods.provenance import recorded_spec
     from ..utils.io import atomic_write_text
     name, root, split = _target(a)
     check_writable(a.out, "--out")

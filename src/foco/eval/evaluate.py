@@ -20,7 +20,7 @@ from ..benchmarks.cache import PartFeatures, cache_part, load_part, part_folder
 from ..features import ExtractConfig
 from ..backbones import check_same_backbone
 from ..methods import DEFAULT_METHODS, MethodOptions, QueryMethod, build_method
-from ..methods.base import check_trained_on
+from ..methods.provenance import check_trained_on
 from ..model.encoder import ComposedQuery
 from .compose import compose, reference_rows
 from .rank import Chord, Rankings, rank, score, score_by_category

@@ -10,7 +10,6 @@ command line, the provenance checks and serving.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
@@ -92,50 +91,6 @@ def require_backbone(opts: MethodOptions, method: str, why: str) -> "Backbone":
     if opts.backbone is None:
         raise ValueError(f"method {method} {why} and needs --backbone (or a trained method's folder that records it)")
     return opts.backbone
-
-
-def weights_options() -> dict[str, MethodOption]:
-    """Every registered method's weights-folder options (those with a `record`), by name."""
-    from . import declared_options
-    return {name: opt for name, (opt, _) in declared_options().items() if opt.record}
-
-
-def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
-    """(flag, folder, recorded backbone) of every trained method's folder in `opts` that records one: each was
-    trained on features of that backbone, and must be used on features of the same."""
-    from ..utils.io import read_json
-    out = []
-    for name, opt in weights_options().items():
-        folder = opts.get(name)
-        if folder is None:
-            continue
-        if not (Path(folder) / opt.record).is_file():
-            raise FileNotFoundError(f"{opt.flag} {folder}: no {opt.record} there ({opt.help} holds one); check "
-                                    f"the path given to {opt.flag}")
-        meta = read_json(Path(folder) / opt.record)
-        recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
-        if recorded is not None:
-            out.append((opt.flag, Path(folder), recorded))
-    return out
-
-
-def recorded_spec(opts: MethodOptions) -> str | None:
-    """The backbone spec the first given weights folder records (in the methods' registry order), or None: the
-    default backbone when none is named."""
-    for _, _, recorded in recorded_backbones(opts):
-        spec = recorded.get("spec") if isinstance(recorded, dict) else recorded
-        if isinstance(spec, str):
-            return spec
-    return None
-
-
-def check_trained_on(opts: MethodOptions, backbone, what: str, fix: str) -> None:
-    """Refuses a trained method's folder made on another backbone's features than `backbone` (a record or a
-    spec) of `what`, naming both, the flag and `fix`."""
-    from ..backbones import check_same_backbone
-    for flag, folder, recorded in recorded_backbones(opts):
-        check_same_backbone(recorded, f"{flag} {folder}", backbone, what,
-                            f"{fix}, or pass a {flag} trained on that backbone's features")
 
 
 class QueryMethod:

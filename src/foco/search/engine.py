@@ -38,7 +38,7 @@ from PIL import Image
 from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_weights
-from ..methods.base import check_trained_on
+from ..methods.provenance import check_trained_on
 from ..utils.text import text_problem
 from ..model.box import box_attention_bias, patch_grid
 from ..utils.io import read_json
