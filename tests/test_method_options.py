@@ -182,3 +182,47 @@ def test_method_options_are_keyword_only_and_replace_lays_values_over():
         (Path("a"), 0.7, None, "bb")
     assert base.get("slerp_alpha") == 0.2 and base.replace(backbone=None).backbone is None
     assert base.replace(checkpoint=None).get("checkpoint") is None  # None: not given
+
+
+# --- an option chosen on val: declared with a grid, chosen by evaluation for any method -------------------------
+
+MIX = MethodOption("toy_mix", "--toy-mix", "the text's share of the toy mix, or 'val'", parse=str, strict=False,
+                   val_grid=(0.0, 0.5, 1.0))
+
+
+class Mix(QueryMethod):
+    """q = normalize((1 - m) v + m t): the toy's one parameter, chosen on val when given as 'val'."""
+
+    options = (MIX,)
+
+    def __init__(self, m: float):
+        self.m = m
+
+    @classmethod
+    def from_options(cls, opts: MethodOptions) -> "Mix":
+        m = opts.get(MIX.name, 0.5)
+        assert m != "val", "evaluation builds a method with the chosen value, never with 'val'"
+        return cls(float(m))
+
+    def encode(self, batch: QueryBatch):
+        v = F.normalize(batch.reference.global_.float(), dim=-1)
+        t = F.normalize(batch.modification.global_.float(), dim=-1)
+        return plain_query((1 - self.m) * v + self.m * t)  # (B, D)
+
+
+def test_any_methods_option_with_a_grid_is_chosen_on_val(monkeypatch, tiny_world, eval_features):
+    from foco.benchmarks.world import read_world
+    from foco.eval.evaluate import EvalConfig, evaluate, val_parts, world_cache_features
+    monkeypatch.setitem(METHODS._entries, "mix", Mix)
+    parts = read_world(tiny_world, "test", ("single",))
+    feats = world_cache_features(eval_features)
+    val = val_parts(lambda: read_world(tiny_world, "test", ("single",)), feats)  # test stands in for val here
+
+    def run(m):
+        return evaluate(parts, feats, EvalConfig(methods=("mix",), options=MethodOptions(toy_mix=m), val=val))
+    fixed = {m: run(m)["methods"]["mix"]["R@1"] for m in MIX.val_grid}
+    best = max(fixed, key=lambda m: (fixed[m], -m))  # the headline metric, ties to the smaller value
+    res = run("val")
+    assert res["chosen"] == {"toy mix (single)": best}
+    assert res["methods"]["mix"]["R@1"] == fixed[best]
+    assert len(set(fixed.values())) > 1  # the grid's values do score differently: the choice is not vacuous

@@ -19,12 +19,13 @@ from ..benchmarks.base import CIRBenchmark
 from ..benchmarks.cache import PartFeatures, cache_part, load_part, part_folder
 from ..features import ExtractConfig
 from ..backbones import check_same_backbone
-from ..methods import DEFAULT_METHODS, MethodOptions, QueryMethod, build_method
+from ..methods import DEFAULT_METHODS, METHODS, MethodOptions, QueryMethod, build_method
+from ..methods.base import MethodOption
 from ..methods.provenance import check_trained_on
 from ..model.encoder import ComposedQuery
 from .compose import compose, reference_rows
 from .rank import Chord, Rankings, rank, score, score_by_category
-from .select import choose_alpha, choose_lambda
+from .select import choose_lambda, choose_on_val
 from .submission import write_submission
 
 log = logging.getLogger(__name__)
@@ -110,11 +111,11 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
     results: dict = {"benchmark": parts[0].name.split("/")[0], "split": parts[0].split, "backbone": backbone_spec,
                      "checkpoint": str(cfg.options.get("checkpoint")) if cfg.options.get("checkpoint") else None,
                      "options": parts[0].options, "parts": {}, "chosen": {}, "submissions": []}
-    alpha_on_val = cfg.options.get("slerp_alpha") == "val"
+    on_val = {n: [o for o in METHODS.get(n).options if o.on_val(cfg.options)] for n in cfg.methods}
     if cfg.options.backbone is not None and backbone_spec is not None:
         check_same_backbone(cfg.options.backbone, "the text tower", backbone_spec, "--backbone",
                             "build both from one spec")
-    fixed = {n: build_method(n, opts=cfg.options) for n in cfg.methods if not (n == "slerp" and alpha_on_val)}
+    fixed = {n: build_method(n, opts=cfg.options) for n in cfg.methods if not on_val[n]}  # else built per part
     try:
         for bench in parts:
             feats = features(bench)
@@ -127,7 +128,7 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
                 if key in bench.source:                                # numbers mean
                     entry[key] = bench.source[key]
             for name in cfg.methods:
-                method = fixed.get(name) or _chosen_slerp(bench, cfg, results["chosen"])
+                method = fixed.get(name) or _chosen_on_val(name, on_val[name], bench, cfg, results["chosen"])
                 composed = compose(method, bench, feats, cfg.compose_batch)
                 rankings = rank(bench, feats.gallery_ids, feats.gallery, composed.query,
                                 _chord(name, method, bench, feats, cfg, results["chosen"]))
@@ -174,8 +175,9 @@ def _check_provenance(bench: CIRBenchmark, feats: PartFeatures, cfg: EvalConfig,
     check_trained_on(cfg.options, feats.backbone, what, "use features made with the backbone it records")
 
 
-def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBenchmark, PartFeatures]:
-    flag = {"slerp's alpha": "--slerp-alpha 0.8", "Chord's lambda": "--chord 0.5"}.get(what, "a number")
+def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str, flag: str) -> tuple[CIRBenchmark, PartFeatures]:
+    """The val split's part of `bench` to choose `what` on (`flag`: the number to pass instead, e.g. "--chord
+    0.5"), checked to be written as `bench` was."""
     if cfg.val is None:
         raise ValueError(f"choosing {what} on val needs the val split's features; pass {flag} instead of 'val'")
     try:
@@ -196,10 +198,16 @@ def _val_part(bench: CIRBenchmark, cfg: EvalConfig, what: str) -> tuple[CIRBench
     return val[bench.name]
 
 
-def _chosen_slerp(bench: CIRBenchmark, cfg: EvalConfig, chosen: dict) -> QueryMethod:
-    alpha, _ = choose_alpha(*_val_part(bench, cfg, "slerp's alpha"))
-    chosen[f"slerp alpha ({label(bench.name)})"] = alpha
-    return build_method("slerp", opts=cfg.options.replace(slerp_alpha=alpha))
+def _chosen_on_val(name: str, options: list[MethodOption], bench: CIRBenchmark, cfg: EvalConfig,
+                   chosen: dict) -> QueryMethod:
+    """Method `name` built with each of its `options` given as "val" chosen on `bench`'s val part, in order."""
+    opts = cfg.options
+    for option in options:
+        what = f"{name}'s {option.flag}"
+        value, _ = choose_on_val(name, option, opts, *_val_part(bench, cfg, what, f"{option.flag} 0.5"))
+        opts = opts.replace(**{option.name: value})
+        chosen[f"{option.name.replace('_', ' ')} ({label(bench.name)})"] = value
+    return build_method(name, opts=opts)
 
 
 def _chord(name: str, method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, cfg: EvalConfig,
@@ -208,7 +216,7 @@ def _chord(name: str, method: QueryMethod, bench: CIRBenchmark, feats: PartFeatu
         return None
     lam = cfg.chord
     if lam == "val":
-        vb, vf = _val_part(bench, cfg, "Chord's lambda")
+        vb, vf = _val_part(bench, cfg, "Chord's lambda", "--chord 0.5")
         lam, _ = choose_lambda(compose(method, vb, vf, cfg.compose_batch).query, vb, vf)
         chosen[f"chord lambda {name} ({label(bench.name)})"] = lam
     refs = feats.references.global_[reference_rows(bench, feats)].float()  # (Q, D)

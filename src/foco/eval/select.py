@@ -1,4 +1,5 @@
-"""Choosing a method's free parameter on a val benchmark part: slerp's alpha, Chord's lambda, the box's beta.
+"""Choosing a method's free parameter on a val benchmark part: any method option with a `val_grid` (slerp's alpha),
+Chord's lambda, the box's beta.
 
 Each choice runs the one evaluation path (compose -> rank -> score) over a grid and keeps the best value of the
 protocol's headline metric (`headline_metric`); ties go to the smaller value (the smaller |beta|).
@@ -11,11 +12,12 @@ import torch
 
 from ..benchmarks.base import CIRBenchmark, EvalProtocol
 from ..benchmarks.cache import PartFeatures
-from ..methods.slerp import SlerpMethod
+from ..methods import MethodOptions, build_method
+from ..methods.base import MethodOption
+from ..methods.slerp import ALPHA, ALPHA_GRID
 from .compose import compose, reference_rows
 from .rank import Chord, rank, score
 
-ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # 0.0, 0.05, ..., 1.0
 LAMBDA_GRID = ALPHA_GRID
 
 
@@ -27,15 +29,28 @@ def headline_metric(protocol: EvalProtocol) -> str:
     return f"R@{min(protocol.recall_ks)}"
 
 
+def choose_on_val(method: str, option: MethodOption, opts: MethodOptions, bench: CIRBenchmark,
+                  feats: PartFeatures, grid: Sequence[float] | None = None, metric: str | None = None
+                  ) -> tuple[float, dict[float, float]]:
+    """`method`'s `option` on a val part: `method` built from `opts` with each value of the grid (the option's
+    `val_grid` unless given), scored by `metric` (the headline). Returns (value, {value: metric})."""
+    metric = metric or headline_metric(bench.protocol)
+    grid = option.val_grid if grid is None else grid
+    if not grid:
+        raise ValueError(f"{method}'s option {option.flag} has no grid to choose a value on val from")
+    table = {}
+    for a in grid:
+        m = build_method(method, opts=opts.replace(**{option.name: float(a)}))
+        table[float(a)] = score(bench, rank(bench, feats.gallery_ids, feats.gallery,
+                                            compose(m, bench, feats).query))[metric]
+    best = max(table, key=lambda a: (table[a], -a))
+    return best, table
+
+
 def choose_alpha(bench: CIRBenchmark, feats: PartFeatures, grid: Sequence[float] = ALPHA_GRID,
                  metric: str | None = None) -> tuple[float, dict[float, float]]:
     """slerp's alpha on a val part. Returns (alpha, {alpha: metric})."""
-    metric = metric or headline_metric(bench.protocol)
-    table = {float(a): score(bench, rank(bench, feats.gallery_ids, feats.gallery,
-                                         compose(SlerpMethod(float(a)), bench, feats).query))[metric]
-             for a in grid}
-    best = max(table, key=lambda a: (table[a], -a))
-    return best, table
+    return choose_on_val("slerp", ALPHA, MethodOptions(), bench, feats, grid, metric)
 
 
 def choose_lambda(queries: torch.Tensor, bench: CIRBenchmark, feats: PartFeatures,

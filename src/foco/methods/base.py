@@ -43,7 +43,11 @@ class MethodOption:
     (`check_trained_on`), and a folder given for a method that is not evaluated is still checked (and may name the
     backbone, as `--checkpoint` does). Any other option given for a method that is not evaluated is refused, unless
     it is not `strict` (parsed, then unused: `--slerp-alpha`, which every evaluation took before methods declared
-    their options)."""
+    their options).
+
+    An option with a `val_grid` may be given as "val": evaluation then chooses it per benchmark part on the val
+    split, over that grid, by the protocol's headline metric (`foco.eval.select.choose_on_val`), and builds the
+    method with the chosen value. The method itself is only ever built with a value."""
 
     name: str  # the key in MethodOptions
     flag: str  # the command-line flag
@@ -52,6 +56,11 @@ class MethodOption:
     parse: Callable[[str], Any] = str
     record: str | None = None  # a weights folder: the file in it that records its backbone (e.g. "foco.json")
     strict: bool = True  # given for a method that is not evaluated: refused (True) or parsed and unused (False)
+    val_grid: tuple[float, ...] | None = None  # "val" chooses the value on the val split over this grid
+
+    def on_val(self, opts: "MethodOptions") -> bool:
+        """Whether `opts` asks for this option to be chosen on the val split."""
+        return self.val_grid is not None and opts.get(self.name) == "val"
 
 
 class MethodOptions:

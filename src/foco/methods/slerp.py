@@ -3,7 +3,8 @@
     q(alpha) = sin((1 - alpha) theta) / sin(theta) * v + sin(alpha theta) / sin(theta) * t,   cos(theta) = v . t
 
 with v and t the L2-normalised reference-image and modification-text globals: alpha = 0 is the image, alpha = 1
-the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark by a grid (`foco.eval.select.choose_alpha`).
+the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark over `ALPHA_GRID`
+(`foco.eval.select.choose_on_val`).
 
 This is the training-free part of SlerpTAT only: the paper also tunes the image encoder with LoRA, against the
 frozen text encoder (text-anchored tuning); that tuning is not done here, so these numbers are a lower bound of
@@ -21,6 +22,7 @@ from ..utils.parse import number_or_word
 from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod
 
 DEFAULT_ALPHA = 0.5  # where no alpha is given or chosen (serving)
+ALPHA_GRID = tuple(round(0.05 * i, 2) for i in range(21))  # 0.0, 0.05, ..., 1.0: the values tried on val
 
 
 def alpha_or_val(v: str) -> float | str:
@@ -29,7 +31,7 @@ def alpha_or_val(v: str) -> float | str:
 
 
 ALPHA = MethodOption("slerp_alpha", "--slerp-alpha", "slerp's alpha (0: image, 1: text), or 'val' to choose it on "
-                     "the val split", default="val", parse=alpha_or_val, strict=False)
+                     "the val split", default="val", parse=alpha_or_val, strict=False, val_grid=ALPHA_GRID)
 
 
 def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> torch.Tensor:
