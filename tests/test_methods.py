@@ -28,8 +28,11 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
     from foco.backbones.tunable import TextTuneConfig
     from foco.train.pact import build_composer
     for method, mapper in (("pact", "pic2word"), ("tscir", "vsi")):
-        build_composer(method, mapper, Pic2WordConfig(hidden_dim=16), TextTuneConfig(), world_bb, 32,
-                       patch_dim=32).save(root / method)
+        composer = build_composer(method, mapper, Pic2WordConfig(hidden_dim=16), TextTuneConfig(), world_bb, 32,
+                                  patch_dim=32)
+        if mapper == "vsi":  # as trained: the injection's output map is no longer its zero start
+            torch.nn.init.normal_(composer.mapper.out.weight, std=0.5)
+        composer.save(root / method)
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco", pic2word=root / "p2w", slerp_alpha=0.3,
                          pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb)
 
@@ -56,6 +59,11 @@ def test_every_registered_method_composes(name, options, world_bb):  # noqa: F81
     torch.testing.assert_close(again.query, cq.query)  # deterministic, no state across calls
     if method.reads_anchor:
         assert cq.attention is not None and cq.attention.shape == (5, batch.reference.patches.shape[1])
+    # `reads_patches` is what serving trusts to hand a method the patches: other patches change the query of
+    # exactly the methods that say they read them
+    other = ImageFeatures(batch.reference.global_, torch.randn_like(batch.reference.patches), batch.reference.norm)
+    moved = method.encode(QueryBatch(other, batch.modification, batch.texts)).query
+    assert (not torch.allclose(moved, cq.query)) == method.reads_patches, name
 
 
 def test_methods_that_need_the_text_tower_say_so(options):
@@ -84,3 +92,13 @@ def test_registry_is_lazy_ordered_and_clear():
     assert BACKBONES.names() == ["hf", "world"] and DECOMPOSERS.names() == ["oracle", "rule", "llm"]
     assert BENCHMARKS.names() == ["fashioniq", "cirr", "circo", "genecis", "world"]
     assert all(callable(BENCHMARKS.get(n).read) for n in BENCHMARKS.names())
+
+
+def test_a_composer_checkpoint_with_another_methods_mapper_is_refused(options, world_bb, tmp_path):  # noqa: F811
+    from foco.backbones.tunable import TextTuneConfig
+    from foco.methods.pic2word import Pic2WordConfig
+    from foco.train.pact import build_composer
+    build_composer("pact", "vsi", Pic2WordConfig(hidden_dim=16), TextTuneConfig(), world_bb, 32,
+                   patch_dim=32).save(tmp_path / "pact-vsi")
+    with pytest.raises(ValueError, match="retrain it"):  # PACT says it reads no patches; a VSI mapper does
+        build_method("pact", opts=options.replace(pact=tmp_path / "pact-vsi"))

@@ -106,11 +106,14 @@ class QueryMethod:
     """Base of every method: `encode(QueryBatch) -> ComposedQuery` with `query` (B, D) L2-normalised.
 
     Class attributes say what a method reads beyond the cached features, so that callers can check up front:
-    `needs_text_tower` (built with `MethodOptions.backbone`), `reads_anchor` (uses `QueryBatch.anchor` and
-    `attn_bias`; other methods refuse them rather than ignore them) and `options` (its own command-line options).
+    `needs_text_tower` (built with `MethodOptions.backbone`), `reads_patches` (reads the reference's patch
+    features, `QueryBatch.reference.patches`: serving computes and hands them over only to such methods),
+    `reads_anchor` (uses `QueryBatch.anchor` and `attn_bias`; other methods refuse them rather than ignore them) and
+    `options` (its own command-line options).
     """
 
     needs_text_tower: ClassVar[bool] = False
+    reads_patches: ClassVar[bool] = False
     reads_anchor: ClassVar[bool] = False
     options: ClassVar[tuple[MethodOption, ...]] = ()  # the method's own options (`MethodOption`)
     served: ClassVar[bool] = True  # offered by `foco serve` / `foco search` when its weights folders are given

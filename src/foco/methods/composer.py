@@ -136,8 +136,9 @@ class ComposerMethod(QueryMethod):
     """A trained `TextComposer` as a retrieval method; `name` is the checkpoint's method ("pact" or "tscir")."""
 
     needs_text_tower = True
-    served = False  # serving keeps the patches for FoCo's family only, and the composers' mappers read them
+    served = False  # not offered by serving: its queries there are not yet checked against evaluation's
     name = ""
+    mapper = ""  # the mapper its trainer builds; a VSI mapper reads the reference's patches (`reads_patches`)
 
     def __init__(self, composer: TextComposer):
         self.composer = composer.eval()
@@ -146,7 +147,11 @@ class ComposerMethod(QueryMethod):
     def from_options(cls, opts: MethodOptions) -> "ComposerMethod":
         path = require(opts, cls.options[0], cls.name)
         backbone = require_backbone(opts, cls.name, "reads its query with the text tower")
-        return cls(TextComposer.load(path, backbone, expect=cls.name))
+        composer = TextComposer.load(path, backbone, expect=cls.name)
+        if composer.mapper_kind != cls.mapper:
+            raise ValueError(f"{path}: a {cls.name} checkpoint with a {composer.mapper_kind!r} mapper; `foco "
+                             f"{cls.name} train` builds a {cls.mapper!r} one: retrain it with that command")
+        return cls(composer)
 
     @torch.no_grad()
     def encode(self, batch: QueryBatch) -> ComposedQuery:
@@ -156,9 +161,12 @@ class ComposerMethod(QueryMethod):
 
 class PACTMethod(ComposerMethod):
     name = "pact"
+    mapper = "pic2word"  # the global feature alone
     options = (MethodOption("pact", "--pact", "a folder of `foco pact train`", parse=Path, record="composer.json"),)
 
 
 class TSCIRMethod(ComposerMethod):
     name = "tscir"
+    mapper = "vsi"
+    reads_patches = True  # VSI's cross-attention over the reference's patches
     options = (MethodOption("tscir", "--tscir", "a folder of `foco tscir train`", parse=Path, record="composer.json"),)

@@ -19,6 +19,7 @@ EDITS_CHECKPOINT = MethodOption("foco_edits", "--foco-edits", "a checkpoint of `
 class FoCoMethod(QueryMethod):
     """A trained FoCo checkpoint. Reads `QueryBatch.anchor` (T_m decomposed) and `attn_bias` (box anchoring)."""
 
+    reads_patches = True
     reads_anchor = True
     options = (CHECKPOINT,)
 

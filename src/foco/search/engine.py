@@ -262,7 +262,7 @@ class SearchEngine:
             cls = METHODS.get(name)
             weights = [o.name for o in cls.options if o.record]
             if cls.served and all(options.get(w) is not None for w in weights):
-                (free if not weights else patches if cls.reads_anchor else other).append(name)
+                (free if not weights else patches if cls.reads_patches else other).append(name)
         return tuple(patches + free + other)
 
     # --- queries ---------------------------------------------------------------------------------------------
@@ -341,7 +341,7 @@ class SearchEngine:
 
     def _search_group(self, name: str, qs: list[Query]) -> list[Answer | QueryError]:
         method = self._method(name)
-        reads_patches = METHODS.get(name).reads_anchor  # FoCo's family reads patches and the box
+        reads_patches, reads_anchor = METHODS.get(name).reads_patches, METHODS.get(name).reads_anchor
         out: list[Answer | QueryError | None] = [None] * len(qs)
         glob: dict[int, torch.Tensor] = {}  # query -> (D,) reference global
         patches: dict[int, torch.Tensor] = {}  # query -> (P, D)
@@ -349,7 +349,7 @@ class SearchEngine:
         encode: list[tuple[int, Image.Image]] = []  # references whose features are computed now
         for i, q in enumerate(qs):
             try:
-                if q.box is not None and not reads_patches:
+                if q.box is not None and not reads_anchor:
                     raise QueryError(f"a box steers FoCo's attention; method {q.method!r} has none")
                 if isinstance(q.reference, Image.Image):
                     encode.append((i, q.reference))
