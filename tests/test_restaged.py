@@ -150,9 +150,9 @@ def test_eval_reads_it_and_refuses_features_of_another_restaging(world, tmp_path
     capsys.readouterr()
     assert main(["eval", "--world", str(world), "--features", str(feats), "--split", "val", "--protocols",
                  "restaged", "--methods", "image", "--out", str(tmp_path / "stale.json")]) == 2
-    assert "extract its features into a new folder" in capsys.readouterr().err
+    assert "was written again since these features were extracted" in capsys.readouterr().err
     # a cache that records no restaging, and the described protocol's cache in the restaged one's place: refused
-    for name, source, words in (("bare", "val/restaged", "records no pictures"),
+    for name, source, words in (("bare", "val/restaged", "records no fingerprint of the restaged pictures"),
                                 ("swapped", "val/described", "holds the features of val/described")):
         shutil.copytree(feats / "val-restaged", tmp_path / name / "val-restaged")
         manifest = tmp_path / name / "val-restaged" / "manifest.json"

@@ -214,3 +214,20 @@ def test_the_curve_is_drawn_first_then_at_most_every_plot_every_s_and_after_the_
     monkeypatch.setattr(loop, "PLOT_EVERY_S", 0.0)
     _run(tmp_path / "b", plot_keys=("loss",))
     assert len(drawn) == epochs
+
+
+def test_the_training_state_keeps_the_gpus_generator_too(tmp_path, monkeypatch):
+    """Dropout on a GPU draws from the CUDA generator: a resumed run must continue it (here the CUDA calls are
+    stood in for, so that the plumbing is checked on a machine without one)."""
+    from foco.utils.checkpoint import load_training_state, save_training_state
+    state = {"now": torch.arange(16, dtype=torch.uint8)}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda *a: state["now"].clone())
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda t, *a: state.update(now=t.clone()))
+    model = torch.nn.Linear(2, 2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    save_training_state(tmp_path / "s", model, opt, None, {"epoch": 1})
+    state["now"] = torch.zeros(16, dtype=torch.uint8)  # the generator moved on in the killed run
+    load_training_state(tmp_path / "s", model, opt, None)
+    assert torch.equal(state["now"], torch.arange(16, dtype=torch.uint8))

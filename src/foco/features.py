@@ -348,14 +348,10 @@ class FeatureCache:
         """The backbone the cache was made with: {"spec", "weights_sha256"} (None where not recorded)."""
         return {"spec": self.manifest.get("backbone"), "weights_sha256": self.manifest.get("backbone_sha256")}
 
-    def check_source(self, key: str, value, what: str, fix: str, required: bool = False) -> None:
+    def check_source(self, key: str, value, what: str, fix: str) -> None:
         """Refuses a cache whose recorded source (`ExtractConfig.source`) has another `key` than `value` (e.g. the
-        world's fingerprint), naming both and `fix`; a cache that records none is not compared, unless `required`
-        (then it is refused too: nothing says which `key` its features were made from)."""
+        world's fingerprint), naming both and `fix`; a cache that records none is not compared."""
         have = (self.manifest.get("source") or {}).get(key)
-        if have is None and value is not None and required:
-            raise ValueError(f"{self.path} records no {key}, so nothing says its features are of {what} ({key} "
-                             f"{value}); {fix}")
         if have is not None and value is not None and have != value:
             raise ValueError(f"{self.path} holds features of {key} {have}, not of {what} ({key} {value}); {fix}")
 

@@ -175,11 +175,13 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
     result = folder / f"result-{cfg.key}.json"
     sources = data.benchmark.sources()
     if result.is_file():
-        if read_json(result).get("sources") == sources:
+        recorded = read_json(result).get("sources")
+        if recorded == sources:
             log.info("%s: done already (%s)", where, result)
             return
-        log.info("%s: the benchmark changed since %s was written (its parts' sources differ): evaluated again",
-                 where, result)
+        log.info("%s: %s; evaluated again", where,
+                 f"{result} records no sources (an older foco)" if recorded is None else
+                 f"the benchmark changed since {result} was written (its parts' sources differ)")
     t0 = time.time()
     meta = {"backbone": data.backbone.spec, "ablation": {"variant": variant.name, "paper_id": variant.paper_id,
                                                          "pairs": len(data.table(variant.decomposer))}}

@@ -63,15 +63,22 @@ def world_features(bench: CIRBenchmark, cache: str | Path) -> PartFeatures:
     fc.check_source("world", bench.source.get("world"), "the benchmark's --root",
                     f"pass the --root these features were extracted from, or extract this world's with `foco "
                     f"features extract --split {bench.split}/{protocol}`")
-    extract = f"`foco features extract --split {bench.split}/{protocol}`"
+    spec = fc.manifest.get("backbone") or "SPEC"  # the spec the cache was made with
+    here = f"{bench.split}/{protocol}"
+    extract = (f"move {cache} aside and run `foco features extract --world ROOT --backbone {spec} --split {here} "
+               f"--out {cache}`")
     recorded = (fc.manifest.get("source") or {}).get("split")
-    if isinstance(recorded, str) and "/" in recorded and recorded != f"{bench.split}/{protocol}":
-        raise ValueError(f"feature cache {cache} holds the features of {recorded}, not of {bench.split}/{protocol}; "
-                         f"pass the folder of {bench.split}/{protocol}'s features, or extract them with {extract}")
-    fc.check_source("pictures", bench.source.get("pictures"), f"the restaging now in {bench.split}/{protocol}",
-                    f"the restaged protocol was written again since, or the features were extracted before foco "
-                    f"recorded it; extract its features into a new folder with {extract}",
-                    required=protocol == "restaged")
+    if isinstance(recorded, str) and "/" in recorded and recorded != here:
+        raise ValueError(f"feature cache {cache} holds the features of {recorded}, not of {here}; check the folder "
+                         f"under --features (evaluation reads <features>/{bench.split}-{protocol}), or {extract}")
+    if protocol == "restaged":
+        have = (fc.manifest.get("source") or {}).get("pictures")
+        if have is None:
+            raise ValueError(f"feature cache {cache} records no fingerprint of the restaged pictures (extracted "
+                             f"before foco recorded one), so nothing says they are the pictures now in {here}; "
+                             f"{extract}")
+        fc.check_source("pictures", bench.source.get("pictures"), f"the restaging now in {here}",
+                        f"the restaged protocol was written again since these features were extracted; {extract}")
     ids, gallery = fc.stored_images()
     if ids != bench.gallery_ids():
         raise ValueError(f"feature cache {cache} does not hold the gallery of {bench.split}/{protocol}; extract it "

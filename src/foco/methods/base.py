@@ -40,8 +40,8 @@ class MethodOption:
 
     An option with a `record` is a trained method's weights folder: `record` is the file in it that records the
     backbone the weights were trained on. Every consumer checks that record against the features it is used with
-    (`check_trained_on`), and a folder given for a method that is not evaluated is still checked (and may name the
-    backbone, as `--checkpoint` does). Any other option given for a method that is not evaluated is refused, unless
+    (`foco.methods.provenance.check_trained_on`), and a folder given for a method that is not evaluated is still
+    checked (and may name the backbone, as `--checkpoint` does). Any other option given for a method that is not evaluated is refused, unless
     it is not `strict` (parsed, then unused: `--slerp-alpha`, which every evaluation took before methods declared
     their options).
 

@@ -15,7 +15,9 @@ word anew each time it reads a caption; so does this trainer, from the torch gen
 (saved with the training state, so that a resumed run continues the same stream).
 
 Under DDP every rank draws the noise and the fallback words of the whole global batch from that generator (the same
-stream on every rank) and keeps its own rows: N ranks train on what one process would.
+stream on every rank) and keeps its own rows, so the inputs are those one process would train on (checked on 2
+gloo ranks with dropout 0: weights within 2.3e-7 of one process). phi's dropout masks are not: each rank draws them
+from its own (equally seeded) generator for its own rows.
 """
 from __future__ import annotations
 

@@ -338,7 +338,8 @@ def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: 
         saved = restored.get("extra_tensors", {}).get("generator")
         if saved is None:
             raise ValueError(f"the training state in {state_dir} has no saved torch generator, which this {name} "
-                             "run draws from (it was written by an older foco): start it again in a new --out")
+                             f"run draws from (it was written by an older foco): remove {state_dir.parent} to start "
+                             "the run again, or choose another --out")
         generator.set_state(saved)
     log.info("resuming %s training%s after epoch %d", name, "".join(f" at {w}" for w in _words(phases[i].tag)),
              restored["epoch"])

@@ -53,6 +53,8 @@ def save_training_state(path: str | Path, model: torch.nn.Module, optimizer: tor
     opt_tensors, opt_meta = _optimizer_to_flat(optimizer)
     tensors.update(opt_tensors)
     tensors["rng/torch"] = torch.get_rng_state()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout on the GPU draws from this one
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()  # the current device's (every rank draws alike)
     meta = {"optimizer": opt_meta, "progress": progress,
             "numpy_rng": numpy_rng.bit_generator.state if numpy_rng is not None else None}
     atomic_write_bytes(path / STATE_TENSORS, st_save(tensors))
@@ -77,6 +79,8 @@ def load_training_state(path: str | Path, model: torch.nn.Module, optimizer: tor
                  "or choose another --out")
     _optimizer_from_flat(optimizer, tensors, meta["optimizer"])
     torch.set_rng_state(tensors["rng/torch"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
     if numpy_rng is not None and meta.get("numpy_rng") is not None:
         numpy_rng.bit_generator.state = meta["numpy_rng"]
     return {**meta["progress"],
