@@ -20,7 +20,7 @@ writes, one part (one tar shard of --shard-images images) at a time, never the w
     DIR/synthetic.json              the arguments, written last: the corpus is complete
 
 The feature caches are written by foco's own extraction code (`foco.features.extract_images` / `extract_texts`,
-which `foco.corpora.extract.extract_corpus` calls per shard) with a stand-in backbone whose encoders return random
+which `foco.corpus_features.extract_corpus` calls per shard) with a stand-in backbone whose encoders return random
 features of the world backbone's shape: globals (D,) L2-normalised, patches (P, D) and text tokens (L, D) Gaussian
 with unit expected norm per vector, fp16 on disk. So the manifest (backbone "world:pretrained", embed_dim,
 dtype, shard_size, precision, count and fingerprint of each item list), the shard records and their sha256 are

@@ -1,8 +1,10 @@
-"""The layout holds: no import circle in src/foco, no arrow from backbones/ or decompose/ back up to world/, a thin
-CLI, a public API whose every name resolves, and `python -m foco` as `foco`."""
+"""The layout holds: no import circle in src/foco, every import as docs/architecture.md's room table allows (no
+arrow from backbones/ or decompose/ back up to world/ among them), a thin CLI, a public API whose every name
+resolves, and `python -m foco` as `foco`."""
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -94,6 +96,69 @@ def test_nothing_climbs_back_to_world():
     bad = [(m, t) for m, targets in _graph().items() for t in targets for src, dst in FORBIDDEN
            if (m == src or m.startswith(src + ".")) and (t == dst or t.startswith(dst + "."))]
     assert bad == []
+
+
+ARCHITECTURE = SRC.parent.parent / "docs" / "architecture.md"
+
+
+def _rooms() -> list[tuple[str, set[str] | None]]:
+    """docs/architecture.md's room table, bottom up: (room key, the rooms its "may import" column names; None for
+    "anything", i.e. every room before it). A remark in parentheses is prose, not a rule."""
+    text = ARCHITECTURE.read_text()
+    rows = re.findall(r"^\| `([^`]+)` \| .*? \| (.*?) \|$", text[text.index("## The rooms"):], re.M)
+    keys = [room.rstrip("/").removesuffix(".py") for room, _ in rows]
+    out = []
+    for (room, col), key in zip(rows, keys):
+        col = re.sub(r"\([^)]*\)", "", col).strip()
+        if col.startswith("nothing") or not col:
+            named: set[str] | None = set()
+        elif "anything" in col or "everything" in col:
+            named = None
+        else:
+            named = {w.strip().split()[0].split("'")[0] for w in re.split(r"[,;]| and ", col) if w.strip()}
+            unknown = named - set(keys)
+            assert not unknown, f"{ARCHITECTURE.name}: room {room} may import {sorted(unknown)}, which are not rooms"
+        out.append((key, named))
+    return out
+
+
+def _room_of(module: str, keys: list[str]) -> int:
+    rel = module[len("foco."):] if module != "foco" else "__init__"
+    found = [i for i, k in enumerate(keys) if rel == k.replace("/", ".") or rel.startswith(k.replace("/", ".") + ".")]
+    assert found, f"{module} belongs to no room of {ARCHITECTURE.name}'s table: add its row"
+    return max(found)
+
+
+def test_every_import_follows_the_room_table():
+    """Every import goes to the importer's own room or one listed before it, and to one its "may import" column
+    names (where it names them); the package's __init__ imports lazily only (no foco import at module level)."""
+    rooms = _rooms()
+    keys = [k for k, _ in rooms]
+    assert len(keys) > 20 and keys.index("utils") < keys.index("backbones") < keys.index("cli")
+    bad = []
+    for module, targets in _graph().items():
+        a = _room_of(module, keys)
+        for target in targets:
+            b = _room_of(target, keys)
+            if a == b or keys[a] == "__init__":
+                continue
+            if b > a or (rooms[a][1] is not None and keys[b] not in rooms[a][1]):
+                bad.append(f"{module} -> {target} ({keys[a]} may not import {keys[b]})")
+    assert bad == [], "\n".join(bad)
+    init = ast.parse((SRC / "__init__.py").read_text())
+    eager = [n.lineno for n in init.body
+             if (isinstance(n, ast.ImportFrom) and (n.level or (n.module or "").startswith("foco")))
+             or (isinstance(n, ast.Import) and any(a.name.startswith("foco") for a in n.names))]
+    assert eager == [], f"foco/__init__.py imports foco at module level (lines {eager}): it is lazy only"
+
+
+def test_the_room_rules_catch_a_planted_climb(monkeypatch):
+    import test_architecture as me
+    graph = _graph()
+    graph["foco.utils.io"] = graph["foco.utils.io"] | {"foco.train.loop"}  # utils reaching up to train
+    monkeypatch.setattr(me, "_graph", lambda: graph)
+    with pytest.raises(AssertionError, match="foco.utils.io -> foco.train.loop"):
+        test_every_import_follows_the_room_table()
 
 
 def test_cli_is_thin():

@@ -35,7 +35,7 @@ def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
     # the same images through the world folder's path give the same features (the folder path's image half:
     # `features extract --split train` encodes its images with extract_images over split_items, as here)
     from foco import create_backbone
-    from foco.corpora.extract import corpus_parts
+    from foco.corpus_features import corpus_parts
     from foco.features import ExtractConfig, FeatureCache, extract_images
     from foco.world.splits import split_items
     extract_images(create_backbone("world:pretrained"), split_items(tiny_world, "train")[0], tmp_path / "folder",

@@ -35,7 +35,7 @@ def _features_extract(a: argparse.Namespace) -> int:
 def _corpus_extract(a: argparse.Namespace, cfg) -> int:
     """Webdataset shards, one feature cache per shard; under torchrun the ranks split the shards."""
     from ..backbones import create_backbone
-    from ..corpora.extract import extract_corpus
+    from ..corpus_features import extract_corpus
     from ..train.distributed import env_from_torchrun
     decs = corpus_decompositions(a) if a.decompositions is not None else None
     env = env_from_torchrun(a.device)  # under torchrun with CUDA: each rank on cuda:$LOCAL_RANK

@@ -221,11 +221,11 @@ Lookup = Callable[[str, list[str]], dict[str, Decomposition]]  # (part name, its
 def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition] | Lookup, max_pairs: int = 5,
                      rank: int = 0, world_size: int = 1, k: int | None = None) -> StreamingPairTable:
     """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache. `cache`
-    is a feature cache, or a corpus folder of per-shard caches (`foco.corpora.extract`), of which rank `rank` of
+    is a feature cache, or a corpus folder of per-shard caches (`foco.corpus_features`), of which rank `rank` of
     `world_size` reads its own parts, one part at a time; `decompositions` is a dict, or for a corpus a lookup
     that gives one part's. K is the most pairs an image has (capped at `max_pairs`), or `k` when given (ranks on
     their own data agree on one). Nothing but the pair indices is held in memory."""
-    from ..corpora.extract import corpus_parts, is_corpus
+    from ..corpus_features import corpus_parts, is_corpus
     width = max(max_pairs, k or 0)
     if is_corpus(cache):
         caches = [Path(cache) / "parts" / name for name in corpus_parts(cache, rank, world_size)]

@@ -29,7 +29,7 @@ class PairSource:
 
 def features_backbone(features: str | Path) -> str:
     """The backbone spec a feature cache or corpus was made with."""
-    from ..corpora.extract import is_corpus
+    from ..corpus_features import is_corpus
     from ..features import FeatureCache
     from ..utils.io import read_json
     if is_corpus(features):
@@ -40,7 +40,7 @@ def features_backbone(features: str | Path) -> str:
 def features_provenance(features: str | Path) -> dict:
     """What a checkpoint trained on `features` records of them: {"backbone": {"spec", "weights_sha256"},
     "features": {"path", "fingerprint"}} (a feature corpus: its corpus.json's sha256)."""
-    from ..corpora.extract import is_corpus
+    from ..corpus_features import is_corpus
     from ..features import FeatureCache, cache_fingerprint
     from ..utils.io import read_json, sha256_file
     path = Path(features).resolve()
@@ -56,7 +56,7 @@ def pair_table(src: PairSource, env: DistEnv = DistEnv(), max_pairs: int = 5) ->
     """(table, sharded): under torchrun with a feature corpus, this rank's own shards (`sharded`); otherwise the
     whole table. A corpus is joined one shard at a time with the decompositions of that shard's captions, so that
     memory holds no corpus-sized structure."""
-    from ..corpora.extract import is_corpus
+    from ..corpus_features import is_corpus
     if not is_corpus(src.features):
         decompositions = cache_decompositions(src)
         if src.world is not None and src.shards is None:
@@ -132,7 +132,7 @@ class ShardDecompositions:
 
     def check_parts(self, features: str | Path, rank: int, world_size: int) -> None:
         """The feature corpus must come from these shards: rank r's parts are shards r, r + N, ... of --in."""
-        from ..corpora.extract import corpus_parts
+        from ..corpus_features import corpus_parts
         parts = corpus_parts(features, rank, world_size)
         mine = [name for n, name in enumerate(self.order) if n % world_size == rank]
         if mine != parts:

@@ -20,11 +20,11 @@ from pathlib import Path
 import torch
 from PIL import Image
 
-from ..backbones.base import Backbone
-from ..decompose.schema import Decomposition
-from ..features import ExtractConfig, extract_images, extract_texts
-from ..utils.io import atomic_write_text, read_json
-from .webdataset import iter_shard, shard_paths
+from .backbones.base import Backbone
+from .decompose.schema import Decomposition
+from .features import ExtractConfig, extract_images, extract_texts
+from .utils.io import atomic_write_text, read_json
+from .corpora.webdataset import iter_shard, shard_paths
 
 
 @dataclass
