@@ -91,7 +91,7 @@ def main() -> None:
                 folder = out / f"{label.replace('+', '-')}-s{s}"
                 if not (folder / "lincir.safetensors").is_file():
                     _run(["lincir", "train", "--world", run / "world", "--backbone", spec, "--out", folder,
-                          "--seed", s, *extra, *(["--resume"] if (folder / "train_state").exists() else [])])
+                          "--seed", s, *extra])  # an interrupted run in the folder is continued
                 lincirs[label] = folder
                 trained[label] = {"_method": "lincir", "lincir": folder}
         for protocol in protocols:

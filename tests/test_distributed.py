@@ -189,7 +189,7 @@ def test_a_killed_rank_stops_the_job_and_resume_is_bitwise(tmp_path):
     assert procs[1].exitcode == -signal.SIGKILL  # killed mid-epoch (8 steps per epoch: step 11 is in epoch 2)
     assert procs[0].exitcode not in (None, 0) and time.time() - t0 < 120  # stopped, did not hang
     message = Path(f"{tmp_path / 'cut'}.rank0.err").read_text()
-    assert "another rank stopped or did not answer" in message and "--resume" in message
+    assert "another rank stopped or did not answer" in message and "Rerun the same torchrun command" in message
     state = tmp_path / "cut" / "train_state"
     assert state.is_dir()
     mp.start_processes(_train_worker, args=(2, _rendezvous(tmp_path), str(tmp_path / "cut"), True, None, 60), nprocs=2,

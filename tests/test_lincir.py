@@ -97,8 +97,8 @@ def test_train_and_evaluate_from_the_cli(tiny_world, train_features, eval_featur
     meta_ad = json.loads((ad / "lincir.json").read_text())
     assert meta_ad["captions"] > meta["captions"] and meta_ad["added_decompositions"]
     assert main(["lincir", "train", "--world", str(tiny_world), "--backbone", spec, "--out", str(out),
-                 "--epochs", "1"]) == 2  # a finished run is not overwritten
-    assert "--resume" in capsys.readouterr().err
+                 "--epochs", "1"]) == 2  # a finished run is continued, and another batch size is refused
+    assert "--restart" in capsys.readouterr().err
     res = tmp_path / "r.json"
     assert main(["eval", "--world", str(tiny_world), "--features", str(eval_features), "--protocols", "single",
                  "--methods", "lincir,text", "--lincir", str(out), "--out", str(res)]) == 0

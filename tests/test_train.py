@@ -51,11 +51,8 @@ def test_kill_and_resume_matches_uninterrupted_run(tiny_world, train_features, t
     done = json.loads(state.read_text())["progress"]
     assert done["stage"] == 2 and done["epoch"] < 6
 
-    # without --resume the run refuses to overwrite; with it, it continues
-    refused = subprocess.run(_cmd(tiny_world, train_features, killed), env=_env(), capture_output=True, text=True)
-    assert refused.returncode == 2 and "--resume" in refused.stderr
-    resumed = subprocess.run(_cmd(tiny_world, train_features, killed, "--resume"), env=_env(),
-                             capture_output=True, text=True)
+    # the same command continues the run in --out (the resume rule: no flag needed)
+    resumed = subprocess.run(_cmd(tiny_world, train_features, killed), env=_env(), capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
     assert "resuming FoCo training at stage 2" in resumed.stderr
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_allow_changed, add_device_arg, add_owned_output, add_precision_arg, nonneg_int, positive_float, positive_int,
-                     print_table)
+from .common import (add_allow_changed, add_device_arg, add_owned_output, add_precision_arg, add_resume_args,
+                     nonneg_int, positive_float, positive_int, print_table, start_or_continue)
 
 
 def _train(a: argparse.Namespace) -> int:
@@ -16,7 +16,7 @@ def _train(a: argparse.Namespace) -> int:
     cfg = BackboneTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, threads=a.threads,
                               device=a.device, allow_changed=tuple(a.allow_changed), model=model,
                               precision=a.precision)
-    metrics = train_world_backbone(a.world, a.out, cfg, resume=not a.no_resume)
+    metrics = train_world_backbone(a.world, a.out, cfg, resume=start_or_continue(a))
     print_table("world backbone on backbone_val", metrics)
     print(f"saved to {a.out} (model.safetensors + config.json); use it as --backbone world:{a.out}")
     return 0
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="peak learning rate (linear warm-up, then cosine decay)")
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")
-    t.add_argument("--no-resume", action="store_true", help="start over even if a training state exists")
+    add_resume_args(t)
     t.add_argument("--image-tower", choices=("cnn", "vit"), default="cnn",
                    help="cnn: the residual CNN with an attention pool (world:pretrained); vit: transformers' "
                         "CLIPVisionModelWithProjection, read as foco reads CLIP ViT (world:vit)")

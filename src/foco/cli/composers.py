@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (add_allow_changed, add_device_arg, add_owned_output, check_resume, nonneg_float, nonneg_int,
-                     positive_float, positive_int)
+from .common import (add_allow_changed, add_device_arg, add_owned_output, add_resume_args, check_resume,
+                     nonneg_float, nonneg_int, positive_float, positive_int, start_or_continue)
 
 
 def _common(a: argparse.Namespace):
@@ -16,6 +16,7 @@ def _common(a: argparse.Namespace):
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pact ...
+    start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     spec = a.backbone or features_backbone(a.features)
     text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
     backbone, records = create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings)
@@ -40,7 +41,7 @@ def _pact_train(a: argparse.Namespace) -> int:
                           visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
                           max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
                           allow_changed=tuple(a.allow_changed))
-    train_pact(edits, backbone, a.out, cfg, resume=a.resume)
+    train_pact(edits, backbone, a.out, cfg, resume=True)  # the resume rule (`start_or_continue`)
     if not _leave():
         return 0
     print(f"PACT in {a.out}; use it with foco eval --methods pact --pact {a.out} (Chord: --chord val)")
@@ -56,7 +57,7 @@ def _tscir_train(a: argparse.Namespace) -> int:
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
                            max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
                           allow_changed=tuple(a.allow_changed))
-    _, match = train_tscir(edits, backbone, a.out, cfg, resume=a.resume)
+    _, match = train_tscir(edits, backbone, a.out, cfg, resume=True)  # the resume rule (`start_or_continue`)
     if not _leave():
         return 0
     print(match.summary())
@@ -104,7 +105,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-alpha", type=positive_float, default=16.0, help="LoRA alpha (hf text tower)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
-    p.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_resume_args(p)
     add_allow_changed(p)
     add_device_arg(p)
     p.add_argument("--dist-timeout", type=positive_int, default=120,

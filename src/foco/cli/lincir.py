@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_allow_changed, add_device_arg, add_owned_output, positive_float, positive_int
+from .common import (add_allow_changed, add_device_arg, add_owned_output, add_resume_args, positive_float,
+                     positive_int, start_or_continue)
 
 
 def _lincir_train(a: argparse.Namespace) -> int:
@@ -13,13 +14,14 @@ def _lincir_train(a: argparse.Namespace) -> int:
     from ..world.generate import world_fingerprint
     captions = lincir_captions(a.world, a.split, a.add_decompositions)
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco lincir
+    resume = start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     cfg = LinCIRTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                             allow_changed=tuple(a.allow_changed))
     backbone = create_backbone(a.backbone, env.device)
     if not hasattr(backbone, "encode_texts_with_tokens"):
         raise ValueError(f"--backbone {a.backbone} cannot read pseudo tokens, which LinCIR's phi writes; choose a "
                          "world or CLIP backbone")
-    train_lincir(captions, backbone, a.out, cfg, resume=a.resume,
+    train_lincir(captions, backbone, a.out, cfg, resume=resume,
                  meta={"world": world_fingerprint(a.world), "split": a.split,
                        "added_decompositions": bool(a.add_decompositions)})
     shutdown(env)
@@ -40,14 +42,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--add-decompositions", action="store_true",
                    help="the +AD control: also train on each caption's decomposition pairs, rejoined into sentences "
                         "('{context} with {local}')")
-    t.add_argument("--out", required=True, help="output folder")
+    t.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     add_owned_output(t, signature=("train_state", "lincir.json:model"))
-    t.add_argument("--resume", action="store_true", help="continue an interrupted run in --out")
     t.add_argument("--epochs", type=positive_int, default=20, help="passes over the captions")
     t.add_argument("--batch-size", type=positive_int, default=256, help="captions per step (the reference: 256-512)")
     t.add_argument("--lr", type=positive_float, default=1e-4, help="learning rate (constant, the reference's)")
     t.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     add_device_arg(t)
+    add_resume_args(t)
     t.add_argument("--dist-timeout", type=positive_int, default=120,
                    help="under torchrun: seconds a rank waits for the others before the job stops")
     add_allow_changed(t)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_allow_changed, add_device_arg, add_owned_output, nonneg_int, positive_float, positive_int
+from .common import (add_allow_changed, add_device_arg, add_owned_output, add_resume_args, nonneg_int, positive_float,
+                     positive_int, start_or_continue)
 
 
 def _pic2word_train(a: argparse.Namespace) -> int:
@@ -19,11 +20,12 @@ def _pic2word_train(a: argparse.Namespace) -> int:
                         f"leave --backbone out (the features' {cache.backbone['spec']}), or extract features with it")
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
+    resume = start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                               optimizer=a.optimizer, allow_changed=tuple(a.allow_changed),
                               model=Pic2WordConfig(mapper_input=a.mapper_input))
     images = cache.images(patches=False)[1]
-    train_pic2word(images.global_, create_backbone(spec, env.device), a.out, cfg, resume=True,
+    train_pic2word(images.global_, create_backbone(spec, env.device), a.out, cfg, resume=resume,
                    meta={"provenance": features_provenance(a.features)}, image_norm=images.norm)
     shutdown(env)
     if env.is_main:
@@ -50,6 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          "(default; needs a cache that keeps the norms); normalized: the L2-normalised one")
     pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
     add_device_arg(pt)
+    add_resume_args(pt)
     add_allow_changed(pt)
     pt.add_argument("--dist-timeout", type=positive_int, default=120,
                     help="under torchrun: seconds a rank waits for the others before the job stops")

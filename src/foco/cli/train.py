@@ -5,7 +5,8 @@ import argparse
 from pathlib import Path
 
 from .common import (add_allow_changed, add_decomposition_args, add_device_arg, add_owned_output,
-                     add_precision_arg, check_resume, nonneg_float, nonneg_int, positive_float, positive_int)
+                     add_precision_arg, add_resume_args, check_resume, nonneg_float, nonneg_int, positive_float,
+                     positive_int, start_or_continue)
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -85,6 +86,7 @@ def _train(a: argparse.Namespace) -> int:
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco train
+    resume = start_or_continue(a, env)
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
                           max_negatives=a.max_negatives, seed=a.seed, max_pairs=a.max_pairs,
@@ -124,7 +126,7 @@ def _train(a: argparse.Namespace) -> int:
             print(match.summary())
     meta = {"backbone": spec, "provenance": provenance if not a.online else {"backbone": {"spec": spec},
                                                                              "online": a.inp}}
-    train_foco(table, a.out, cfg, resume=a.resume, meta=meta, edits=edits, sharded=sharded)
+    train_foco(table, a.out, cfg, resume=resume, meta=meta, edits=edits, sharded=sharded)
     shutdown(env)
     if not env.is_main:
         return 0
@@ -212,7 +214,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                     help="under torchrun: seconds a rank waits for the others before the job stops")
     add_precision_arg(tr)
     add_device_arg(tr)
-    tr.add_argument("--resume", action="store_true", help="continue the run in --out")
+    add_resume_args(tr)
     add_allow_changed(tr)
     _add_edit_args(tr)
     tr.set_defaults(func=_train)

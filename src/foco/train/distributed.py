@@ -216,8 +216,7 @@ def rank_lost(exc: BaseException, env: DistEnv, timeout_s: float | None = None) 
     first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     within = f" within {timeout_s:g} s" if timeout_s else ""
     return RankLost(f"rank {env.rank} of {env.world_size}: another rank stopped or did not answer{within} ({first}); "
-                    "the job stops here. Rerun the same torchrun command with --resume to continue from the last "
-                    "finished epoch")
+                    "the job stops here. Rerun the same torchrun command to continue from the last finished epoch")
 
 
 def shutdown(env: DistEnv) -> None:

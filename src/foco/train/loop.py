@@ -107,6 +107,22 @@ def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
         raise FileExistsError(f"{out} holds a training run; {hint}")
 
 
+def clear_run(out: str | Path) -> list[str]:
+    """Starts a run over (every training command's `--restart`): removes everything in `out` but its owner file
+    (`foco.utils.ownership`: foco wrote the folder), so that no state, log or weights of the old run remain.
+    Returns the names removed."""
+    import shutil
+    from ..utils.ownership import MARKER
+    out = Path(out)
+    removed = []
+    for entry in sorted(out.iterdir()) if out.is_dir() else []:
+        if entry.name == MARKER:
+            continue
+        shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
+        removed.append(entry.name)
+    return removed
+
+
 def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopConfig, rng: np.random.Generator,
         resume: bool = False, generator: torch.Generator | None = None, on_step: OnStep | None = None,
         on_epoch: Callable[[dict], None] | None = None) -> dict:
@@ -250,8 +266,9 @@ def _check_identity(state_dir: Path, now: dict) -> None:
     saved = read_json(state_dir / STATE_JSON)["progress"].get("identity") or {}
     diff = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in sorted(set(saved) & set(now)) if saved[k] != now[k]]
     if diff:
-        raise ValueError(f"--resume: {state_dir.parent} was trained with " + ", ".join(diff) +
-                         "; resume with the same settings and data, or choose another --out")
+        raise ValueError(f"{state_dir.parent} holds a run trained with " + ", ".join(diff) +
+                         "; continue it with the same settings and data, pass --restart to start it over, or choose "
+                         "another --out")
 
 
 def recorded_settings(history: dict) -> dict:
@@ -304,10 +321,11 @@ def _check_settings(state_dir: Path, cfg: LoopConfig, phases: list[Phase], first
     later = {k: j for j in range(first + 1, len(phases)) for k in phases[j].settings}  # phases not begun
     refused = [k for k in diff if k not in allowed and k not in later]
     if refused:
-        raise ValueError(f"--resume: {state_dir.parent} was trained with " +
+        raise ValueError(f"{state_dir.parent} holds a run trained with " +
                          ", ".join(f"{k}={diff[k][0]!r} (now {diff[k][1]!r})" for k in refused) +
-                         "; resume with the same settings, or pass --allow-changed " + ",".join(refused) +
-                         " to train on with the new values (recorded from here on, never over the past)")
+                         "; continue it with the same settings, pass --allow-changed " + ",".join(refused) +
+                         " to train on with the new values (recorded from here on, never over the past), or "
+                         "--restart to start it over")
     pending: dict[int, dict] = {}
     for k, v in diff.items():
         pending.setdefault(later.get(k, first), {})[k] = v
