@@ -4,8 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_allow_changed, add_device_arg, add_owned_output, add_precision_arg, add_resume_args,
-                     nonneg_int, positive_float, positive_int, print_table, start_or_continue)
+from .common import (add_device_arg, add_owned_output, add_precision_arg, nonneg_int, positive_float, positive_int,
+                     print_table)
+from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
 def _train(a: argparse.Namespace) -> int:

@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (add_allow_changed, add_device_arg, add_owned_output, add_resume_args, check_resume,
-                     nonneg_float, nonneg_int, positive_float, positive_int, start_or_continue)
+from .common import add_device_arg, add_owned_output, nonneg_float, nonneg_int, positive_float, positive_int
+from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
 def _common(a: argparse.Namespace):

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import (add_allow_changed, add_device_arg, add_owned_output, add_resume_args, positive_float,
-                     positive_int, start_or_continue)
+from .common import add_device_arg, add_owned_output, positive_float, positive_int
+from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
 def _lincir_train(a: argparse.Namespace) -> int:

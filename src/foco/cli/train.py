@@ -4,9 +4,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_allow_changed, add_decomposition_args, add_device_arg, add_owned_output,
-                     add_precision_arg, add_resume_args, check_resume, nonneg_float, nonneg_int, positive_float,
-                     positive_int, start_or_continue)
+from .common import (add_decomposition_args, add_device_arg, add_owned_output, add_precision_arg, nonneg_float,
+                     nonneg_int, positive_float, positive_int)
+from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
 def _features_extract(a: argparse.Namespace) -> int:
