@@ -1,0 +1,107 @@
+"""Issue 41: moving the trainers onto one harness (and the training data onto one protocol) changes no number.
+
+Every trainer runs a tiny job from the command line, as a user would: FoCo's two stages, foco-edits' edit stage
+(with the target-image term), Pic2Word, PACT, TSCIR, LinCIR (+AD) and the world backbone. The weights each one saves
+are hashed tensor by tensor and held against `data/same_checkpoints.json`, written by the code before the move
+(`FOCO_WRITE_GOLDENS=1 pytest tests/test_same_checkpoints.py` writes it anew; do that only when a change is meant to
+change the numbers, and say so in the commit).
+
+Bit-identical is what the test asks on the machine kind the goldens were made on (the same torch, CPU model and
+kernel capability, one thread). Elsewhere the CPU's kernels may round differently (bf16 features, another SIMD
+width), so there the test checks every tensor's probe (its sum, absolute sum and first values) to 1e-4 instead, and
+says which check ran.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+from pathlib import Path
+
+import pytest
+import torch
+
+from foco.cli import main
+
+GOLDENS = Path(__file__).parent / "data" / "same_checkpoints.json"
+WEIGHTS = ("foco.safetensors", "pic2word.safetensors", "mapper.safetensors", "text.safetensors",
+           "lincir.safetensors", "model.safetensors")
+
+
+def _fingerprint() -> dict:
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"torch": torch.__version__, "machine": platform.machine(), "cpu": model,
+            "capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def _digest(folder: Path) -> dict:
+    """{file/tensor: {"sha256", "probe"}} of every weights file a run saved (not its resumable state)."""
+    from safetensors.torch import load_file
+    out = {}
+    for name in WEIGHTS:
+        path = folder / name
+        if not path.exists():
+            continue
+        for key, t in sorted(load_file(path).items()):
+            flat = t.detach().reshape(-1).to(torch.float64)
+            out[f"{name}/{key}"] = {
+                "sha256": hashlib.sha256(t.reshape(-1).contiguous().view(torch.uint8).numpy().tobytes()).hexdigest(),
+                "probe": [float(flat.sum()), float(flat.abs().sum()), *map(float, flat[:4])]}
+    assert out, f"{folder} saved no weights"
+    return out
+
+
+@pytest.mark.slow
+def test_every_trainer_saves_the_weights_it_saved_before_the_harness(tiny_world, train_features, tmp_path):
+    from foco.decompose.inputs import read_captions
+    from foco.edits.rule import RuleWriter
+    from foco.edits.run import GenerateConfig, run_generate
+    from foco.features import FeatureCache
+    torch.set_num_threads(1)  # one thread: the reduction order does not depend on the machine's cores
+    store = tmp_path / "e.sqlite"
+    run_generate([(r.id, r.truth) for r in read_captions(tiny_world, split="train")][:200], RuleWriter(), store,
+                 GenerateConfig(per_caption=1))
+    f, w, o = str(train_features), str(tiny_world), tmp_path
+    spec = FeatureCache(train_features).manifest["backbone"]
+    texts = ["--edit-features", str(o / "edit-texts")]
+    runs = {"foco": ["train", "--features", f, "--world", w, "--stage1-epochs", "1", "--stage2-epochs", "1",
+                     "--batch-size", "128", "--max-negatives", "7", "--seed", "3"],
+            "foco-edits": ["train", "--features", f, "--world", w, "--stage1-epochs", "1", "--stage2-epochs", "0",
+                           "--batch-size", "128", "--edits", str(store), "--stage3-epochs", "1", "--image-weight",
+                           "0.3", *texts],
+            "pic2word": ["pic2word", "train", "--features", f, "--epochs", "1", "--batch-size", "256"],
+            "pact": ["pact", "train", "--features", f, "--edits", str(store), "--max-steps", "2", "--batch-size",
+                     "32", *texts],
+            "tscir": ["tscir", "train", "--features", f, "--edits", str(store), "--max-steps", "2", "--batch-size",
+                      "16", *texts],
+            "lincir-ad": ["lincir", "train", "--world", w, "--backbone", spec, "--epochs", "1", "--batch-size", "64",
+                          "--add-decompositions", "--seed", "1"],
+            "backbone": ["backbone", "train", "--world", w, "--epochs", "1", "--batch-size", "256"]}
+    got = {}
+    for name, argv in runs.items():
+        assert main(argv + ["--out", str(o / name), "--device", "cpu"]) == 0, argv
+        got[name] = _digest(o / name)
+    if os.environ.get("FOCO_WRITE_GOLDENS"):
+        GOLDENS.parent.mkdir(exist_ok=True)
+        GOLDENS.write_text(json.dumps({"fingerprint": _fingerprint(), "runs": got}, indent=1) + "\n")
+        pytest.skip(f"wrote {GOLDENS}")
+    want = json.loads(GOLDENS.read_text())
+    assert sorted(got) == sorted(want["runs"])
+    exact = want["fingerprint"] == _fingerprint()
+    for name in runs:
+        assert sorted(got[name]) == sorted(want["runs"][name]), name
+        for key, g in got[name].items():
+            w_ = want["runs"][name][key]
+            if exact:
+                assert g["sha256"] == w_["sha256"], f"{name}: {key} is not bit-identical to the goldens"
+            else:
+                assert g["probe"] == pytest.approx(w_["probe"], rel=1e-4, abs=1e-4), f"{name}: {key} moved"
+    print("bit-identical check" if exact else f"probe check (goldens made on {want['fingerprint']})")
