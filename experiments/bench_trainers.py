@@ -4,7 +4,7 @@ quickstart run, each source tree in its own process, alternating, median of R re
     git worktree add /tmp/foco-old <commit>
     python experiments/bench_trainers.py --run runs/quickstart --src /tmp/foco-old/src src --pairs 2048 --repeats 3
 
-Used to check that a restructure leaves training speed alone (docs/benchmarks.md). Each process imports the
+Used to check that a restructure leaves training speed alone (docs/history.md, issue 11). Each process imports the
 trainer from wherever that tree keeps it (`foco.train.foco` now, `foco.train` before the training loop was shared).
 """
 from __future__ import annotations

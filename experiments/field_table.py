@@ -73,7 +73,7 @@ def main() -> None:
     p2w_dir = field / "pic2word"
     if not (p2w_dir / "pic2word.safetensors").is_file():
         _, train_images = FeatureCache(run / "features" / "train").images()
-        # the settings docs/benchmarks.md's Pic2Word figures were made with (normalised input, torch's AdamW), which
+        # the settings docs/history.md's Pic2Word figures were made with (normalised input, torch's AdamW), which
         # PACT's --mapper-init in the README reads; the reference's settings are `foco pic2word train`'s defaults
         cfg = Pic2WordTrainConfig(epochs=a.p2w_epochs, batch_size=128, lr=a.p2w_lr, optimizer="adamw",
                                   model=Pic2WordConfig(mapper_input="normalized"))

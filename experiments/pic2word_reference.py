@@ -4,7 +4,7 @@
 
 Three training settings, each with --seeds seeds, on RUN/features/train (the image globals and their norms):
   before     torch's AdamW defaults, the mapper reads the L2-normalised image embedding (the settings of
-             docs/benchmarks.md's earlier Pic2Word figures and of experiments/field_table.py)
+             docs/history.md's earlier Pic2Word figures and of experiments/field_table.py)
   optimizer  the reference's optimiser (AdamW betas (0.9, 0.98), eps 1e-6, no decay on biases and norms), normalised input
   reference  the reference's optimiser and its raw (unnormalised) mapper input: `foco pic2word train`'s defaults
 Each mapper is scored on test single and multi with both query templates, SEARLE's "a photo of * that {}" and
