@@ -7,6 +7,7 @@ from safetensors.torch import load_file
 
 from foco.backbones.base import ImageFeatures, TextFeatures
 from foco.features import ExtractConfig, FeatureCache, extract_images
+from foco.methods.base import QueryMethod
 from foco.world.splits import extract_world_split, split_items
 
 
@@ -140,7 +141,7 @@ def test_a_context_stored_without_tokens_is_refused_not_trained_on(tmp_path, tin
         build_pair_table(tmp_path / "c", other)
 
 
-class _ReadsEverything:
+class _ReadsEverything(QueryMethod):
     """A query method of this test's own: it reads the patches and every token, so a wrong row shows."""
 
     reads_anchor = False

@@ -124,7 +124,7 @@ class _NoRunNLP:
 def test_a_killed_run_resumes_to_the_uninterrupted_weights(monkeypatch, tmp_path):
     """The noise, the fallback words (every read here) and phi's dropout continue their streams on --resume."""
     from foco import create_backbone
-    from foco.train import lincir as lincir_train
+    from foco.train import harness
     from foco.train.lincir import LinCIRTrainConfig, train_lincir
     from foco.train.loop import run as loop_run
     backbone = create_backbone("world:pretrained")
@@ -140,10 +140,10 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(monkeypatch, tmp_path
         def on_epoch(rec):
             raise Killed
         return loop_run(*args, on_epoch=on_epoch, **kwargs)
-    monkeypatch.setattr(lincir_train, "run", killed_after_one_epoch)
+    monkeypatch.setattr(harness, "run", killed_after_one_epoch)
     with pytest.raises(Killed):
         train_lincir(captions, backbone, tmp_path / "killed", cfg, nlp=_NoRunNLP())
-    monkeypatch.setattr(lincir_train, "run", loop_run)
+    monkeypatch.setattr(harness, "run", loop_run)
     resumed = train_lincir(captions, backbone, tmp_path / "killed", cfg, resume=True, nlp=_NoRunNLP())
     for (name, a), b in zip(straight.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name

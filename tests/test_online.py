@@ -34,12 +34,12 @@ def corpus(tiny_world, tmp_path_factory):
 def test_one_online_step_gives_the_cached_steps_losses(corpus):
     from foco.backbones import create_backbone
     from foco.model import ComposedQueryEncoder, FoCoConfig
-    from foco.train.data import build_pair_table
-    from foco.train.inputs import ShardDecompositions
+    from foco.train.data import build_corpus_pair_table
+    from foco.train.sources import ShardDecompositions
     from foco.train.losses import foco_losses, plan_negatives
     from foco.train.online import OnlinePairTable
     root, pattern, store, feats = corpus
-    cached = build_pair_table(feats, ShardDecompositions(pattern, store, "rule", 0.01), k=5)
+    cached = build_corpus_pair_table(feats, ShardDecompositions(pattern, store, "rule", 0.01), k=5)
     online = OnlinePairTable(pattern, create_backbone("world:pretrained", "cpu"), store, "rule", k=5, workers=0)
     assert len(online) == len(cached) == 600
     idx = torch.tensor([3, 599, 17, 250, 301, 42, 300, 128, 77, 460, 5, 333])  # every shard, any order

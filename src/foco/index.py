@@ -7,14 +7,14 @@ import torch
 class ExactIndex:
     """`add` normalised (N, D) vectors; `search(q, k)` returns (scores, indices), each (Q, k), best first."""
 
-    def __init__(self, dim: int):
+    def __init__(self, dim: int, device: str | torch.device = "cpu"):
         self.dim = dim
-        self.vectors = torch.empty(0, dim)
+        self.vectors = torch.empty(0, dim, device=device)  # (N, D) where the search runs
 
     def add(self, vectors: torch.Tensor) -> None:
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise ValueError(f"expected (N, {self.dim}) vectors, got {tuple(vectors.shape)}")
-        self.vectors = torch.cat([self.vectors, vectors.float()])
+        self.vectors = torch.cat([self.vectors, vectors.float().to(self.vectors.device)])
 
     def __len__(self) -> int:
         return self.vectors.shape[0]
@@ -23,7 +23,7 @@ class ExactIndex:
         """(Q, D) -> (Q, N) cosine similarities."""
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             raise ValueError(f"expected (Q, {self.dim}) queries, got {tuple(queries.shape)}")
-        return queries.float() @ self.vectors.t()
+        return queries.float().to(self.vectors.device) @ self.vectors.t()
 
     def search(self, queries: torch.Tensor, k: int, exclude: torch.Tensor | None = None, chunk: int = 1024
                ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -34,7 +34,7 @@ class ExactIndex:
         for s in range(0, queries.shape[0], chunk):
             sc = self.scores(queries[s:s + chunk])  # (q, N)
             if exclude is not None:
-                sc[torch.arange(sc.shape[0]), exclude[s:s + chunk]] = float("-inf")
+                sc[torch.arange(sc.shape[0], device=sc.device), exclude[s:s + chunk].to(sc.device)] = float("-inf")
             values, indices = _stable_topk(sc, k)
             out_s.append(values)
             out_i.append(indices)
@@ -46,7 +46,7 @@ def _stable_topk(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tens
     order of equal scores unspecified: rows whose (k+1)-th best score equals the k-th (equal scores on both sides
     of the cut) get a full stable sort, then every top k is reordered by (score descending, index ascending)."""
     if k == 0:
-        return scores[:, :0], torch.empty(scores.shape[0], 0, dtype=torch.long)
+        return scores[:, :0], torch.empty(scores.shape[0], 0, dtype=torch.long, device=scores.device)
     top = torch.topk(scores, min(k + 1, scores.shape[1]), dim=1)  # (q, k+1): one more, to see ties at the cut
     idx = top.indices[:, :k]  # (q, k)
     if top.values.shape[1] > k:

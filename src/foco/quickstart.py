@@ -25,7 +25,7 @@ from .eval.figures import FigureRow, edit_type_chart, retrieval_figure
 from .features import ExtractConfig
 from .methods import DEFAULT_METHODS, MethodOptions
 from .train.foco import train_foco
-from .train.inputs import PairSource, pair_table
+from .train.sources import TrainingData, training_data
 from .train.recipes import QuickstartPlan, edit_triplets, quickstart_plan, train_stage3
 from .train.world_backbone import train_world_backbone
 from .utils.device import resolve_device
@@ -104,14 +104,13 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
             extract_world_split(backbone, world, f"{split}/{protocol}", feats / f"{split}-{protocol}", xcfg)
     timings["features_s"] = time.time() - t
 
-    source = PairSource(feats / f"train{suffix}", world, "train", store=store, decomposer=decomposer)
+    source = training_data(feats / f"train{suffix}", world, "train", store=store, decomposer=decomposer)
     t = _stage(f"FoCo training ({decomposer} decompositions)")
     foco_dir = out / f"foco{suffix}"
     if not (foco_dir / "foco.safetensors").is_file():
-        table, _ = pair_table(source)
-        from .train.inputs import features_provenance
+        table, _ = source.pair_table()
         train_foco(table, foco_dir, plan.foco, resume=True,
-                   meta={"backbone": backbone.spec, "provenance": features_provenance(source.features)})
+                   meta={"backbone": backbone.spec, "provenance": source.provenance()})
     timings["foco_train_s"] = time.time() - t
 
     t = _stage("edit triplets and foco-edits (a third stage, not in the FoCo paper)")
@@ -197,13 +196,13 @@ def _has_stage3(folder: Path) -> bool:
     return meta.is_file() and "recipe" in json.loads(meta.read_text())
 
 
-def train_foco_edits(out: Path, suffix: str, source: PairSource, decompositions: dict, backbone, foco_dir: Path,
+def train_foco_edits(out: Path, suffix: str, source: TrainingData, decompositions: dict, backbone, foco_dir: Path,
                      edits_dir: Path, plan: QuickstartPlan, ids: list[str]) -> None:
     """Rule-written ITT triplets of the training captions, their texts encoded once, then FoCo's third stage,
     resumed from the paper-recipe checkpoint (a copy of its folder, so the paper's stages are not rerun)."""
     table = edit_triplets(out / f"edits{suffix}.sqlite", out / "features" / f"edit-texts{suffix}", source.features,
                           decompositions, backbone, plan.edits, ids, plan.foco.precision)
-    train_stage3(pair_table(source)[0], foco_dir, edits_dir, plan.foco, plan.edits, table, backbone.spec)
+    train_stage3(source.pair_table()[0], foco_dir, edits_dir, plan.foco, plan.edits, table, backbone.spec)
 
 
 QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHODS if m != "foco"))

@@ -46,6 +46,7 @@ class Backbone(Protocol):
 
     embed_dim: int  # D
     num_patches: int  # P
+    text_tuning: str  # the trainable text part PACT and TSCIR tune (`backbones.tunable`): "world-head" or "lora"
 
     # Each runs on the backbone's own device (its inputs are moved there) and hands back float32 features on
     # `device`: the CPU by default (what the feature store writes), the model's device for online encoding.

@@ -136,6 +136,8 @@ class HFBackbone:
         ValueError: If the checkpoint's model type is neither CLIP nor SigLIP.
     """
 
+    text_tuning = "lora"  # LoRA on its text encoder (`foco.backbones.tunable`)
+
     def __init__(
         self,
         name_or_path: str,

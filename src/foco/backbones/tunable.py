@@ -94,13 +94,13 @@ def tunable_text(backbone, cfg: TextTuneConfig | None = None) -> TunableText:
     cfg = cfg or TextTuneConfig()
     kind = cfg.kind
     if kind == "auto":
-        kind = "world-head" if hasattr(backbone, "minilm") else "lora"
+        kind = backbone.text_tuning  # the backbone's family says what can be tuned (`Backbone.text_tuning`)
     if kind == "world-head":
-        if not hasattr(backbone, "minilm"):
+        if backbone.text_tuning != "world-head":
             raise ValueError("text tuning 'world-head' needs the world backbone; use 'lora' for an hf backbone")
         return WorldTextHead(backbone, cfg)
     if kind == "lora":
-        if not hasattr(backbone, "tokenizer") or not hasattr(getattr(backbone, "model", None), "text_model"):
+        if backbone.text_tuning != "lora":
             raise ValueError("text tuning 'lora' needs an hf backbone; use 'world-head' for the world backbone")
         return HFLoRAText(backbone, cfg)
     raise ValueError(f"unknown text tuning {kind!r}; choose world-head, lora or auto")

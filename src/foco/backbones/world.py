@@ -229,6 +229,8 @@ def uint8_to_input(batch: torch.Tensor) -> torch.Tensor:
 class WorldBackbone:
     """The `world:PATH` backbone: a trained `WorldCLIP` checkpoint plus the frozen MiniLM encoder."""
 
+    text_tuning = "world-head"  # a trainable copy of its TextHead (`foco.backbones.tunable`)
+
     def __init__(self, model: WorldCLIP, path: str | None = None, device: str | torch.device = "cpu",
                  name: str | None = None):
         self.model = model.eval().requires_grad_(False).to(device)

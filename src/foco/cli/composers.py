@@ -12,37 +12,37 @@ from .resume import add_allow_changed, add_resume_args, check_resume, start_or_c
 def _common(a: argparse.Namespace):
     from ..backbones import create_backbone
     from ..backbones.tunable import TextTuneConfig
-    from ..train.inputs import edit_records, edit_table, features_backbone
+    from ..train.sources import edit_records, training_data
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pact ...
     start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
-    spec = a.backbone or features_backbone(a.features)
+    data = training_data(a.features)  # their features' cache (or corpus): the edit table joins them
+    spec = a.backbone or data.backbone_spec
     text = TextTuneConfig(kind=a.text_tuning, lora_rank=a.lora_rank, lora_alpha=a.lora_alpha)
     backbone, records = create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings)
-    table = edit_table(a.features, backbone, records, a.edit_features or Path(a.out) / "edit-features", env)
-    return records, backbone, table, text
+    table = data.edit_table(backbone, records, a.edit_features or Path(a.out) / "edit-features", env)
+    return records, backbone, table, text, env
 
 
-def _leave() -> bool:
+def _leave(env) -> bool:
     """Leaves the process group (under torchrun) together with the other ranks; True on the rank that reports."""
-    from ..train.distributed import current, shutdown
-    env = current()
+    from ..train.distributed import shutdown
     shutdown(env)
     return env.is_main
 
 
 def _pact_train(a: argparse.Namespace) -> int:
     from ..train.pact import PACTTrainConfig, train_pact
-    _, backbone, edits, text = _common(a)
+    _, backbone, edits, text, env = _common(a)
     cfg = PACTTrainConfig(identity_epochs=a.identity_epochs, joint_epochs=a.joint_epochs, batch_size=a.batch_size,
                           lr_warmup=a.lr_warmup, lr_mapper=a.lr_mapper, lr_text=a.lr_text,
                           compose_weight=a.compose_weight, preserve_weight=a.preserve_weight,
                           visual_weight=a.visual_weight, negatives=not a.no_negatives, mapper_init=a.mapper_init,
-                          max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
+                          max_steps=a.max_steps, seed=a.seed, text=text, device=env.device,
                           allow_changed=tuple(a.allow_changed))
-    train_pact(edits, backbone, a.out, cfg, resume=True)  # the resume rule (`start_or_continue`)
-    if not _leave():
+    train_pact(edits, backbone, a.out, cfg, resume=True, ctx=env)  # the resume rule
+    if not _leave(env):
         return 0
     print(f"PACT in {a.out}; use it with foco eval --methods pact --pact {a.out} (Chord: --chord val)")
     return 0
@@ -51,14 +51,14 @@ def _pact_train(a: argparse.Namespace) -> int:
 def _tscir_train(a: argparse.Namespace) -> int:
     from ..train.targets import parse_threshold
     from ..train.tscir import TSCIRTrainConfig, train_tscir
-    records, backbone, edits, text = _common(a)
+    records, backbone, edits, text, env = _common(a)
     cfg = TSCIRTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                            lr_stage1=a.lr_stage1, lr_stage2=a.lr_stage2, soft_weight=a.soft_weight,
                            threshold=parse_threshold(a.target_threshold), max_triplets=a.max_triplets,
-                           max_steps=a.max_steps, seed=a.seed, text=text, device=a.device,
+                           max_steps=a.max_steps, seed=a.seed, text=text, device=env.device,
                           allow_changed=tuple(a.allow_changed))
-    _, match = train_tscir(edits, backbone, a.out, cfg, resume=True)  # the resume rule (`start_or_continue`)
-    if not _leave():
+    _, match = train_tscir(edits, backbone, a.out, cfg, resume=True, ctx=env)  # the resume rule
+    if not _leave(env):
         return 0
     print(match.summary())
     if a.world:

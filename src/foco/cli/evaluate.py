@@ -108,14 +108,15 @@ def _eval(a: argparse.Namespace) -> int:
         from ..eval.evaluate import world_features_backbone
         spec = world_features_backbone(Path(a.features), split, options.get("protocols")) or spec
     parts = read_benchmark(name, root, split, **options)  # every file checked before any encoding
+    from ..utils.device import resolve_device
+    device = str(resolve_device(a.device))  # the backbone, the methods' modules, composing and ranking run there
     backbone = None
     if spec and (not a.features or needs_text_tower(methods)):
         from ..backbones import create_backbone
-        from ..utils.device import resolve_device
-        backbone = create_backbone(spec, device=str(resolve_device(a.device)))
+        backbone = create_backbone(spec, device=device)
     features, val = _sources(a, name, root, split, options, spec, backbone)
     cfg = EvalConfig(methods=methods, chord=float_or_val(a.chord, "--chord"), chord_shortlist=a.chord_shortlist,
-                     val=val, by_category=a.by_category, options=method_options.replace(backbone=backbone),
+                     val=val, by_category=a.by_category, options=method_options.replace(backbone=backbone, device=device),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
     results = evaluate(parts, features, cfg, backbone_spec=a.backbone if a.features else spec)

@@ -18,12 +18,13 @@ def _lincir_train(a: argparse.Namespace) -> int:
     cfg = LinCIRTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                             allow_changed=tuple(a.allow_changed))
     backbone = create_backbone(a.backbone, env.device)
-    if not hasattr(backbone, "encode_texts_with_tokens"):
+    from ..backbones.pseudo import PseudoTokenBackbone
+    if not isinstance(backbone, PseudoTokenBackbone):
         raise ValueError(f"--backbone {a.backbone} cannot read pseudo tokens, which LinCIR's phi writes; choose a "
                          "world or CLIP backbone")
     train_lincir(captions, backbone, a.out, cfg, resume=resume,
                  meta={"world": world_fingerprint(a.world), "split": a.split,
-                       "added_decompositions": bool(a.add_decompositions)})
+                       "added_decompositions": bool(a.add_decompositions)}, ctx=env)
     shutdown(env)
     if env.is_main:
         print(f"LinCIR phi in {a.out} ({len(captions)} captions); use it with "

@@ -13,7 +13,7 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     from ..methods.pic2word import Pic2WordConfig
     from ..train.pic2word import Pic2WordTrainConfig, train_pic2word
     from ..backbones import check_same_backbone
-    from ..train.inputs import features_provenance
+    from ..train.sources import training_data
     cache = FeatureCache(a.features)
     spec = a.backbone or cache.manifest["backbone"]
     check_same_backbone(spec, "--backbone", cache.backbone, f"the features in {a.features}",
@@ -26,7 +26,7 @@ def _pic2word_train(a: argparse.Namespace) -> int:
                               model=Pic2WordConfig(mapper_input=a.mapper_input))
     images = cache.images(patches=False)[1]
     train_pic2word(images.global_, create_backbone(spec, env.device), a.out, cfg, resume=resume,
-                   meta={"provenance": features_provenance(a.features)}, image_norm=images.norm)
+                   meta={"provenance": training_data(a.features).provenance()}, image_norm=images.norm, ctx=env)
     shutdown(env)
     if env.is_main:
         print(f"Pic2Word mapper in {a.out}; use it with foco eval --methods pic2word --pic2word {a.out}")

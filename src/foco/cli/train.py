@@ -72,18 +72,17 @@ def _features_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-def pair_source(a: argparse.Namespace):
-    from ..train.inputs import PairSource
-    return PairSource(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback)
-
-
 def _train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..model import FoCoConfig
     from ..model.encoder import shape_fields
     from ..train.foco import FoCoTrainConfig, train_foco
-    from ..train.inputs import edit_records, edit_table, features_backbone, pair_table
+    from ..train.sources import edit_records, training_data
     check_resume(a)
+    if a.online and a.edits:
+        raise ValueError("--online trains the paper's two stages (no --edits)")
+    data = training_data(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback,
+                         online=a.online, backbone=a.backbone, workers=a.workers)  # the kind, chosen once
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
     env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco train
     resume = start_or_continue(a, env)
@@ -98,35 +97,20 @@ def _train(a: argparse.Namespace) -> int:
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
                           precision=a.precision, compile=a.compile, device=env.device,
                           allow_changed=tuple(a.allow_changed))
-    if a.online:
-        from ..train.inputs import online_table
-        if a.backbone is None or a.edits:
-            raise ValueError("--online needs --backbone SPEC (the frozen backbone to run in the loop), and trains "
-                             "the paper's two stages (no --edits)")
-        from ..decompose.store import check_fallback_share
-        check_fallback_share(a.decompositions, a.decomposer, a.max_fallback)
-        table, sharded, spec = online_table(a.inp, a.backbone, a.decompositions, a.decomposer, env.device,
-                                            a.workers), False, a.backbone
-    else:
-        if a.features is None:
-            raise ValueError("foco train needs --features (a feature cache or corpus), or --online with --backbone")
-        table, sharded = pair_table(pair_source(a), env, max_pairs=a.max_pairs)
-        spec = features_backbone(a.features)
-        from ..train.inputs import features_provenance
-        provenance = features_provenance(a.features)
+    table, sharded = data.pair_table(env, max_pairs=a.max_pairs)  # the decompositions are checked here, first
+    spec = data.backbone_spec
     if sharded:
         print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
     edits = None
     if a.edits:
-        edits = edit_table(a.features, create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings),
-                           a.edit_features or Path(a.out) / "edit-features", env)
+        edits = data.edit_table(create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings),
+                                a.edit_features or Path(a.out) / "edit-features", env)
         if a.image_weight > 0:
             from ..train.targets import parse_threshold
             edits, match = edits.with_targets(parse_threshold(a.target_threshold))
             print(match.summary())
-    meta = {"backbone": spec, "provenance": provenance if not a.online else {"backbone": {"spec": spec},
-                                                                             "online": a.inp}}
-    train_foco(table, a.out, cfg, resume=resume, meta=meta, edits=edits, sharded=sharded)
+    meta = {"backbone": spec, "provenance": data.provenance()}
+    train_foco(table, a.out, cfg, resume=resume, meta=meta, edits=edits, sharded=sharded, ctx=env)
     shutdown(env)
     if not env.is_main:
         return 0

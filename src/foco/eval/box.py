@@ -54,6 +54,6 @@ def evaluate_box_anchoring(method: QueryMethod, bench: CIRBenchmark, feats: Part
     for beta in betas:
         cq = compose(method, bench, feats, attn_bias=float(beta) * mask.float())  # (Q, D), (Q, P)
         out[float(beta)] = {**score(bench, rank(bench, feats.gallery_ids, feats.gallery, cq.query)),
-                            "instance_acc": instance_accuracy(cq.query, bench, feats, ann.confusers),
-                            "attn_in_box": 100.0 * attention_mass(cq.attention, mask).mean().item()}
+                            "instance_acc": instance_accuracy(cq.query.cpu(), bench, feats, ann.confusers),
+                            "attn_in_box": 100.0 * attention_mass(cq.attention.cpu(), mask).mean().item()}
     return out

@@ -86,7 +86,7 @@ def chord_search(queries: torch.Tensor, gallery: torch.Tensor, references: torch
     if shortlist is not None and shortlist < n_avail:
         if shortlist < k:
             raise ValueError(f"shortlist {shortlist} is smaller than k {k}")
-        index = ExactIndex(gallery.shape[1])
+        index = ExactIndex(gallery.shape[1], device=gallery.device)
         index.add(gallery)
         _, cand = index.search(queries, shortlist, exclude=exclude)  # (Q, S) by cosine
         scores = chord_scores_candidates(queries, gallery[cand], references, lam)  # (Q, S)
@@ -96,7 +96,7 @@ def chord_search(queries: torch.Tensor, gallery: torch.Tensor, references: torch
     for s in range(0, queries.shape[0], chunk):
         sc = chord_scores(queries[s:s + chunk], gallery, references[s:s + chunk], lam)  # (q, N)
         if exclude is not None:
-            sc[torch.arange(sc.shape[0]), exclude[s:s + chunk]] = float("-inf")
+            sc[torch.arange(sc.shape[0], device=sc.device), exclude[s:s + chunk].to(sc.device)] = float("-inf")
         ids = rank_by_score(sc, k)  # (q, k), ties in gallery order
         out_s.append(sc.gather(1, ids))
         out_i.append(ids)

@@ -16,6 +16,7 @@ from ..benchmarks.base import CIRBenchmark
 from ..benchmarks.cache import PartFeatures
 from ..methods.base import QueryBatch, QueryMethod
 from ..model.encoder import ComposedQuery
+from ..utils.device import move
 
 
 def reference_rows(bench: CIRBenchmark, feats: PartFeatures) -> torch.Tensor:
@@ -32,7 +33,8 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
         anchors: (Q, D) a separate F_Aggr anchor per query (T_m decomposed); methods that read anchors only.
         attn_bias: (Q, P) additive F_Aggr attention logits per query (box anchoring); likewise.
     Returns:
-        query (Q, D) float32; attention (Q, P) when the method has one and each query has one text variant.
+        query (Q, D) float32; attention (Q, P) when the method has one and each query has one text variant; both on
+        the method's device (`QueryMethod.device`), where every batch is composed.
     """
     if (anchors is not None or attn_bias is not None) and not method.reads_anchor:
         raise ValueError(f"{type(method).__name__} takes no anchor or attention bias")
@@ -55,11 +57,12 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
                 texts=texts[s:s + batch_size],
                 anchor=None if anchors is None else anchors[s:s + batch_size],
                 attn_bias=None if attn_bias is None else attn_bias[s:s + batch_size])
+            batch = move(batch, method.device)  # pinned, non-blocking on CUDA
             with torch.inference_mode():
                 cq = method.encode(batch)
-            out.append(cq.query.float())  # (b, D)
+            out.append(cq.query.float().to(method.device))  # (b, D); a text tower may hand its features back on the CPU
             if cq.attention is not None:
-                att.append(cq.attention.float())  # (b, P)
+                att.append(cq.attention.float().to(method.device))  # (b, P)
         queries.append(torch.cat(out))  # (Q, D)
         attention.append(torch.cat(att) if att else None)
     if len(queries) == 1:

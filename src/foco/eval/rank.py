@@ -50,6 +50,10 @@ def rank(bench: CIRBenchmark, gallery_ids: list[str], gallery: torch.Tensor, que
     `chord`, every ranking (full, subset, own gallery) orders by the Chord score instead of the cosine."""
     if queries.shape[0] != len(bench.queries):
         raise ValueError(f"{queries.shape[0]} query vectors for {len(bench.queries)} queries")
+    device = queries.device  # ranking runs where the method composed its queries (`--device`)
+    gallery = gallery.to(device)  # (N, D)
+    if chord is not None:
+        chord = Chord(chord.lam, chord.references.to(device), chord.shortlist)
     pos = {g: i for i, g in enumerate(gallery_ids)}
 
     def order(q: int, rows: list[int]) -> list[int]:
@@ -63,9 +67,9 @@ def rank(bench: CIRBenchmark, gallery_ids: list[str], gallery: torch.Tensor, que
         return Rankings(gallery_ids, None, None, own)
     exclude = None
     if bench.protocol.remove_reference:
-        exclude = torch.tensor([pos[q.reference] for q in bench.queries])  # (Q,)
+        exclude = torch.tensor([pos[q.reference] for q in bench.queries], device=device)  # (Q,)
     if chord is None or chord.lam == 0:
-        index = ExactIndex(gallery.shape[1])
+        index = ExactIndex(gallery.shape[1], device=device)
         index.add(gallery)
         _, full = index.search(queries, ranking_depth(bench), exclude=exclude)  # (Q, K)
     else:
@@ -77,7 +81,7 @@ def rank(bench: CIRBenchmark, gallery_ids: list[str], gallery: torch.Tensor, que
         for q, query in enumerate(bench.queries):
             cand = [pos[m] for m in query.subset if m != query.reference]
             subset.append([cand[i] for i in order(q, cand)])  # only the subset
-    return Rankings(gallery_ids, full, subset, None)
+    return Rankings(gallery_ids, full.cpu(), subset, None)
 
 
 def _order(scores: torch.Tensor) -> list[int]:

@@ -35,8 +35,8 @@ DEFAULT_METHODS = ("foco", "image", "text", "sum")
 
 def build_method(name: str, checkpoint=None, opts: MethodOptions | None = None, **options) -> QueryMethod:
     """The method registered as `name`, built from `opts` with `checkpoint` and keyword `options` (values of the
-    methods' `MethodOption`s, by name, or `backbone`) laid over it. A value no registered method declares is
-    refused (a misspelt name would otherwise be dropped)."""
+    methods' `MethodOption`s, by name, `backbone` or `device`) laid over it, on `opts.device`. A value no registered
+    method declares is refused (a misspelt name would otherwise be dropped)."""
     opts = opts or MethodOptions()
     if checkpoint is not None:
         options["checkpoint"] = checkpoint
@@ -45,7 +45,7 @@ def build_method(name: str, checkpoint=None, opts: MethodOptions | None = None, 
     if unknown:
         raise ValueError(f"no method declares the option(s) {', '.join(unknown)}; declared: "
                          f"{', '.join(sorted(declared_options()))}")
-    return METHODS.get(name).from_options(opts)
+    return METHODS.get(name).from_options(opts).to(opts.device)
 
 
 def declared_options() -> dict[str, tuple[MethodOption, tuple[str, ...]]]:

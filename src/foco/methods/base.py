@@ -73,8 +73,9 @@ class MethodOptions:
         opts.replace(slerp_alpha=0.4)           # a copy with values laid over
     """
 
-    def __init__(self, *, backbone: "Backbone | None" = None, **values: Any):
+    def __init__(self, *, backbone: "Backbone | None" = None, device: str | torch.device = "cpu", **values: Any):
         self.backbone = backbone
+        self.device = torch.device(device)  # where the methods' trained modules run (`QueryMethod.to`)
         self.values = {k: v for k, v in values.items() if v is not None}  # None: not given
 
     def get(self, name: str, default: Any = None) -> Any:
@@ -82,10 +83,11 @@ class MethodOptions:
 
     def replace(self, **values: Any) -> "MethodOptions":
         backbone = values.pop("backbone", self.backbone)
-        return MethodOptions(backbone=backbone, **{**self.values, **values})
+        device = values.pop("device", self.device)
+        return MethodOptions(backbone=backbone, device=device, **{**self.values, **values})
 
     def __repr__(self) -> str:
-        return f"MethodOptions(backbone={self.backbone!r}, {self.values!r})"
+        return f"MethodOptions(backbone={self.backbone!r}, device={str(self.device)!r}, {self.values!r})"
 
 
 def require(opts: MethodOptions, option: MethodOption, method: str) -> Any:
@@ -110,7 +112,13 @@ class QueryMethod:
     features, `QueryBatch.reference.patches`: serving computes and hands them over only to such methods),
     `reads_anchor` (uses `QueryBatch.anchor` and `attn_bias`; other methods refuse them rather than ignore them) and
     `options` (its own command-line options).
+
+    A method runs on `device` (`to`, which `build_method` calls with `MethodOptions.device`): its trained modules
+    live there, and `encode` takes a batch there (`foco.eval.compose` and the search engine move it) and gives its
+    query there.
     """
+
+    device: torch.device = torch.device("cpu")
 
     needs_text_tower: ClassVar[bool] = False
     reads_patches: ClassVar[bool] = False
@@ -121,6 +129,16 @@ class QueryMethod:
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "QueryMethod":
         return cls()
+
+    def modules(self) -> list[torch.nn.Module]:
+        """The trained modules `to` moves (none for the training-free methods)."""
+        return []
+
+    def to(self, device: str | torch.device) -> "QueryMethod":
+        for module in self.modules():
+            module.to(device)
+        self.device = torch.device(device)
+        return self
 
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         raise NotImplementedError

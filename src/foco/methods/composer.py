@@ -153,6 +153,9 @@ class ComposerMethod(QueryMethod):
                              f"{cls.name} train` builds a {cls.mapper!r} one: retrain it with that command")
         return cls(composer)
 
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.composer]
+
     @torch.no_grad()
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         q = self.composer(batch.reference.global_, batch.reference.patches, list(batch.texts))  # (B, D)

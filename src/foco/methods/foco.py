@@ -32,6 +32,9 @@ class FoCoMethod(QueryMethod):
     def from_options(cls, opts: MethodOptions) -> "FoCoMethod":
         return cls(require(opts, CHECKPOINT, "foco"))
 
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.model]
+
     @torch.inference_mode()
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         return self.model.encode(batch.reference, batch.modification, attn_bias=batch.attn_bias, anchor=batch.anchor)
@@ -73,7 +76,7 @@ class DecomposedFoCo(FoCoMethod):
         if batch.anchor is not None:
             raise ValueError("FoCo with T_m decomposed makes its own anchors; give none")
         anchors = modification_anchors(list(batch.texts), self.decomposer)
-        anchor = self.backbone.encode_texts(anchors).global_.float()  # (B, D)
+        anchor = self.backbone.encode_texts(anchors, device=self.device).global_.float()  # (B, D)
         return self.model.encode(batch.reference, batch.modification, attn_bias=batch.attn_bias, anchor=anchor)
 
     def close(self) -> None:

@@ -107,6 +107,9 @@ class LinCIRMethod(QueryMethod):
         backbone = require_backbone(opts, "lincir", "reads its query with the text tower")
         return cls(LinCIRPhi.load(folder), backbone)
 
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.phi]
+
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         if self.backbone is None:
             raise ValueError("LinCIRMethod was built without a backbone; pass one (MethodOptions.backbone)")

@@ -170,6 +170,9 @@ class Pic2WordMethod(QueryMethod):
     def prompts(self, modifications: Sequence[str]) -> list[str]:
         return [self.template.format(m) for m in modifications]
 
+    def modules(self) -> list[torch.nn.Module]:
+        return [self.mapper]
+
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         if self.backbone is None:
             raise ValueError("Pic2WordMethod was built without a backbone; pass one (MethodOptions.backbone)")

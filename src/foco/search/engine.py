@@ -39,6 +39,7 @@ from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_weights
 from ..methods.provenance import check_trained_on
+from ..utils.device import move
 from ..utils.text import text_problem
 from ..model.box import box_attention_bias, patch_grid
 from ..utils.io import read_json
@@ -178,7 +179,7 @@ class SearchEngine:
         fix = "build an index with that backbone (`foco index build --backbone ...`)"
         check_same_backbone(backbone, f"the backbone at {meta['backbone']} now", indexed, f"the index {folder}",
                             "rebuild the index into a new --out (`foco index build`)")
-        opts = MethodOptions(backbone=backbone, **{k: Path(v) for k, v in weights.items()})
+        opts = MethodOptions(backbone=backbone, device=device, **{k: Path(v) for k, v in weights.items()})
         check_trained_on(opts, indexed, f"the index {folder}", fix)
         return cls(folder, Loaded.read(folder, meta, generation), backbone, opts, limits, box_beta, lock)
 
@@ -400,9 +401,10 @@ class SearchEngine:
         texts = [qs[i].text for i in ok]
         batch = QueryBatch(reference=ImageFeatures(ref_g, ref_p), modification=self.encode_texts(texts),
                            texts=texts, attn_bias=attn_bias)
+        batch = move(batch, method.device)  # the method's encoder runs on --device
         with self._lock, torch.inference_mode():
             composed = method.encode(batch)
-        query = composed.query.float()  # (b, D)
+        query = composed.query.float().cpu()  # (b, D): the vector index searches on the CPU
         exclude = [None if isinstance(qs[i].reference, Image.Image) or qs[i].keep_reference else int(qs[i].reference)
                    for i in ok]
         gen = self._loaded  # one generation for the whole batch
@@ -411,7 +413,7 @@ class SearchEngine:
         for j, i in enumerate(ok):
             scores, ids = found[j]
             hits = self._hits(query[j:j + 1], scores, ids, ref_g[j:j + 1], qs[i].k, qs[i].chord, exclude[j], gen)
-            attention = composed.attention[j] if composed.attention is not None else None
+            attention = composed.attention[j].cpu() if composed.attention is not None else None
             out[i] = Answer(hits, attention, size[i])
         return out  # type: ignore[return-value]
 

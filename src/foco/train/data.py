@@ -5,7 +5,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import torch
@@ -30,6 +30,32 @@ class TrainBatch:
     ctx_mask: torch.Tensor  # (B, K, L) bool
 
 
+class TrainingPairs(Protocol):
+    """What FoCo's trainer reads from a table of training pairs, whichever source made it (`foco.train.sources`):
+    a cache read whole (`PairTable`), read a batch at a time (`StreamingPairTable`), or encoded online
+    (`foco.train.online.OnlinePairTable`)."""
+
+    dim: int  # D
+    parts: list[str]  # a rank's own feature shards when the table holds only those
+
+    def __len__(self) -> int: ...
+
+    @property
+    def ids(self) -> list[str]: ...
+
+    def with_max_pairs(self, k: int) -> "TrainingPairs": ...
+
+    def subset(self, keep: set[str]) -> "TrainingPairs": ...
+
+    def pairs_per_image(self) -> torch.Tensor | None:
+        """(N,) long, each image's pair count; None where the table cannot know it before reading (online)."""
+
+    def prefetch(self, batches: list[torch.Tensor]) -> None:
+        """Told each epoch's batches (each (B,)) before its steps: a table may start reading them."""
+
+    def batch(self, idx: torch.Tensor) -> "TrainBatch": ...
+
+
 @dataclass
 class PairTable:
     """N training images with up to K decomposition pairs each, as indices into the cached text features."""
@@ -41,7 +67,7 @@ class PairTable:
     text_mask: torch.Tensor  # (Nt, L) bool
     local_idx: torch.Tensor  # (N, K) long, -1 where image i has fewer than K pairs
     context_idx: torch.Tensor  # (N, K) long
-    parts: list[str] = field(default_factory=list)  # a rank's own feature shards (`train.inputs.pair_table`)
+    parts: list[str] = field(default_factory=list)  # a rank's own feature shards (`train.sources`)
     ids: list[str] = field(default_factory=list)  # the N image ids, in row order
 
     def __len__(self) -> int:
@@ -50,6 +76,12 @@ class PairTable:
     @property
     def dim(self) -> int:
         return int(self.image_global.shape[1])
+
+    def pairs_per_image(self) -> torch.Tensor:
+        return (self.local_idx >= 0).sum(1)  # (N,)
+
+    def prefetch(self, batches: list[torch.Tensor]) -> None:
+        """Nothing to read ahead: the table is in memory."""
 
     def subset(self, keep: set[str]) -> "PairTable":
         """The images whose id is in `keep`, in row order (the text features stay whole)."""
@@ -112,6 +144,9 @@ class StreamingPairTable:
 
     def image_rows(self, idx: torch.Tensor) -> torch.Tensor:
         return idx
+
+    def pairs_per_image(self) -> torch.Tensor:
+        return (self.local_idx >= 0).sum(1)  # (N,)
 
     def prefetch(self, batches: list[torch.Tensor], depth: int = 2) -> None:
         """Reads this epoch's `batches` (each (B,)) in a background thread, `depth` ahead of the steps that ask for
@@ -218,20 +253,28 @@ def _reader():
 Lookup = Callable[[str, list[str]], dict[str, Decomposition]]  # (part name, its image ids) -> {id: Decomposition}
 
 
-def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition] | Lookup, max_pairs: int = 5,
-                     rank: int = 0, world_size: int = 1, k: int | None = None) -> StreamingPairTable:
-    """Joins the cache's images (by id) with their decompositions; the pairs' texts must be in the cache. `cache`
-    is a feature cache, or a corpus folder of per-shard caches (`foco.corpus_features`), of which rank `rank` of
-    `world_size` reads its own parts, one part at a time; `decompositions` is a dict, or for a corpus a lookup
-    that gives one part's. K is the most pairs an image has (capped at `max_pairs`), or `k` when given (ranks on
-    their own data agree on one). Nothing but the pair indices is held in memory."""
-    from ..corpus_features import corpus_parts, is_corpus
+def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition], max_pairs: int = 5,
+                     k: int | None = None) -> StreamingPairTable:
+    """Joins a feature cache's images (by id) with their decompositions; the pairs' texts must be in the cache. K
+    is the most pairs an image has (capped at `max_pairs`), or `k` when given. Nothing but the pair indices is held
+    in memory."""
+    return _join([Path(cache)], [""], lambda name, ids: decompositions, max_pairs, k, ids_known=True, parts=[])
+
+
+def build_corpus_pair_table(corpus: str | Path, lookup: Lookup, max_pairs: int = 5, rank: int = 0,
+                            world_size: int = 1, k: int | None = None) -> StreamingPairTable:
+    """The same for a corpus folder of per-shard caches (`foco.corpus_features`): rank `rank` of `world_size` reads
+    its own parts, one part at a time, each joined with `lookup(part, its image ids)`'s decompositions; K is agreed
+    by the caller when ranks hold their own data (`k`)."""
+    from ..corpus_features import corpus_parts
+    caches = [Path(corpus) / "parts" / name for name in corpus_parts(corpus, rank, world_size)]
+    names = [c.name for c in caches]
+    return _join(caches, names, lookup, max_pairs, k, ids_known=False, parts=names)
+
+
+def _join(caches: list[Path], names: list[str], decompositions_of: Lookup, max_pairs: int, k: int | None,
+          ids_known: bool, parts: list[str]) -> StreamingPairTable:
     width = max(max_pairs, k or 0)
-    if is_corpus(cache):
-        caches = [Path(cache) / "parts" / name for name in corpus_parts(cache, rank, world_size)]
-        names = [c.name for c in caches]
-    else:
-        caches, names = [Path(cache)], [""]
     image_paths, image_counts, text_paths, text_counts, locals_, contexts = [], [], [], [], [], []
     ids_of_parts = []
     text_base = 0
@@ -240,7 +283,7 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
         fc = FeatureCache(part)
         image_ids, images = fc.rows("images")
         text_ids, texts = fc.rows("texts")
-        decs = decompositions(name, image_ids) if callable(decompositions) else decompositions
+        decs = decompositions_of(name, image_ids)
         li, ci = _pair_indices(image_ids, text_ids, decs, width, text_base, part)
         _check_context_tokens(texts, ci, text_base, text_ids, part)
         locals_.append(li)
@@ -250,7 +293,8 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
         text_paths += texts.paths
         text_counts += texts.counts.tolist()
         text_base += len(texts)
-        ids_of_parts.append(image_ids if not callable(decompositions) else None)
+        if ids_known:  # a corpus keeps no corpus-sized list of ids
+            ids_of_parts.append(image_ids)
         dim = int(images.file(0).shape("global")[1])
     local_idx, context_idx = torch.cat(locals_), torch.cat(contexts)
     used = int((local_idx >= 0).sum(0).nonzero().max()) + 1 if (local_idx >= 0).any() else 1
@@ -260,12 +304,12 @@ def build_pair_table(cache: str | Path, decompositions: dict[str, Decomposition]
     if empty:
         raise ValueError(f"{empty} images have no usable (local, context) pair")
     fix = "rerun the `foco features extract` command that made this cache: it encodes damaged shards again"
-    if all(i is not None for i in ids_of_parts):
+    if ids_known:
         ids = [i for part in ids_of_parts for i in part]
-    else:
+    else:  # a corpus's ids are read from its shard records when first asked for
         ids = lambda: [i for c in caches for i in FeatureCache(c).ids("images")]  # noqa: E731
     return StreamingPairTable(Rows(image_paths, image_counts, fix), Rows(text_paths, text_counts, fix), local_idx,
-                              context_idx, dim, ids, names if is_corpus(cache) else [])
+                              context_idx, dim, ids, parts)
 
 
 def _check_context_tokens(texts: Rows, context_idx: torch.Tensor, text_base: int, text_ids: list[str],

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.distributed as dist
@@ -32,10 +32,14 @@ class RankLost(RuntimeError):
 
 
 @dataclass(frozen=True)
-class DistEnv:
+class RunContext:
+    """One run's boundary, made once (`init_distributed` under torchrun, `context` otherwise) and passed down
+    explicitly: this process's rank and the world size, its device, the run's seed and its output folder."""
     rank: int = 0
     world_size: int = 1
     device: str = "cpu"  # where this rank's model, batches and collective tensors live
+    seed: int = 0
+    out: str | None = None
 
     @property
     def torch_device(self) -> torch.device:
@@ -49,8 +53,12 @@ class DistEnv:
     def is_main(self) -> bool:
         return self.rank == 0
 
+    def for_run(self, seed: int, out: str | os.PathLike | None) -> "RunContext":
+        """The same ranks and device for a run with this seed and output folder."""
+        return replace(self, seed=int(seed), out=None if out is None else str(out))
 
-_DEVICE = {"device": "cpu"}  # the device the process group was joined with (`init_distributed`)
+
+DistEnv = RunContext  # the name the collectives' signatures use: only rank, world size and device matter there
 
 
 def env_from_torchrun(device: str | torch.device | None = None) -> DistEnv:
@@ -61,11 +69,11 @@ def env_from_torchrun(device: str | torch.device | None = None) -> DistEnv:
                    str(resolve_device(device if device is not None else "auto")))
 
 
-def init_distributed(env: DistEnv, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S) -> DistEnv:
+def init_distributed(env: RunContext, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
+                     ) -> RunContext:
     """Joins the process group of `env` (env:// rendezvous: MASTER_ADDR, MASTER_PORT) with a timeout on every
-    collective: nccl when `env.device` is CUDA (this rank's GPU made current), gloo otherwise. One process: records
-    the device, so that `current()` hands it to the trainers."""
-    _DEVICE["device"] = env.device
+    collective: nccl when `env.device` is CUDA (this rank's GPU made current), gloo otherwise. Returns `env`, the
+    run's context, which the caller passes on (nothing is kept in a module global)."""
     device = env.torch_device
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -78,13 +86,15 @@ def init_distributed(env: DistEnv, backend: str | None = None, timeout_s: float 
     return env
 
 
-def current(device: str | torch.device | None = None) -> DistEnv:
-    """The process group this process joined (one process when none), on `device` when given, else on the device
-    `init_distributed` recorded (the CPU when nothing did)."""
-    dev = str(device) if device is not None else _DEVICE["device"]
+def context(device: str | torch.device | None = None, seed: int = 0, out: str | os.PathLike | None = None
+            ) -> RunContext:
+    """The context of a run started from the library without one: the process group this process joined (one
+    process when none), on `device` (None: the CPU)."""
+    from ..utils.device import resolve_device
+    dev = str(resolve_device(device)) if device is not None else "cpu"
     if dist.is_available() and dist.is_initialized():
-        return DistEnv(dist.get_rank(), dist.get_world_size(), dev)
-    return DistEnv(device=dev)
+        return RunContext(dist.get_rank(), dist.get_world_size(), dev).for_run(seed, out)
+    return RunContext(device=dev).for_run(seed, out)
 
 
 def gather_rows(t: torch.Tensor, env: DistEnv) -> torch.Tensor:

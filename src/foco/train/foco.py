@@ -11,15 +11,15 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-import numpy as np
 import torch
 
-from .data import PairTable
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
-from .distributed import DistEnv, current, ddp, gather_rows, rank_slice
+from .data import TrainingPairs
+from .distributed import DistEnv, RunContext, context, ddp, gather_rows, rank_slice
+from .harness import Plan, train_run
+from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
 from .losses import Columns, foco_losses, local_columns, plan_negatives, plan_on
 from ..model import ComposedQueryEncoder, FoCoConfig
-from ..utils.device import move, resolved
+from ..utils.device import move
 from ..utils.io import atomic_write_text
 
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ class FoCoObjective(torch.nn.Module):
         return foco_losses(self.model, batch, plan, with_comp, columns, row_offset, loss, negatives)
 
 
-def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Tensor, max_negatives: int | None,
+def distributed_step(objective: torch.nn.Module, table: TrainingPairs, idx: torch.Tensor, max_negatives: int | None,
                      gen: torch.Generator, with_comp: bool, env: DistEnv, sharded: bool = False,
                      loss: str = "sigmoid", negatives: str = "cross-instance") -> Losses:
     """This rank's rows of the global batch `idx` (B,) against columns gathered from every rank, under the global
@@ -108,7 +108,7 @@ def distributed_step(objective: torch.nn.Module, table: PairTable, idx: torch.Te
     return objective(batch, plan, with_comp, columns, off, loss=loss, negatives=negatives)
 
 
-def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, gen: torch.Generator,
+def _stage(model: ComposedQueryEncoder, table: TrainingPairs, cfg: FoCoTrainConfig, gen: torch.Generator,
            stage: int, env: DistEnv = DistEnv(), objective: torch.nn.Module | None = None,
            sharded: bool = False) -> Phase:
     with_comp = stage == 2
@@ -128,10 +128,9 @@ def _stage(model: ComposedQueryEncoder, table: PairTable, cfg: FoCoTrainConfig, 
         return {"tau_aggr": 1 / model.log_scale_aggr.exp().item(), "tau_comp": 1 / model.log_scale_comp.exp().item(),
                 "bias_aggr": model.bias_aggr.item(), "bias_comp": model.bias_comp.item()}
 
-    prefetch = None
-    if hasattr(table, "prefetch"):  # the rows each step of this rank will read
-        prefetch = table.prefetch if sharded or not env.enabled else \
-            (lambda batches: table.prefetch([rank_slice(b, env) for b in batches]))
+    # the rows each step of this rank will read
+    prefetch = table.prefetch if sharded or not env.enabled else \
+        (lambda batches: table.prefetch([rank_slice(b, env) for b in batches]))
     return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs,
                  optimizer=lambda: _optimizer(model, cfg, stage), step=step,
                  objective="comp" if with_comp and not cfg.aggr_loss_in_stage2 else "loss",
@@ -166,15 +165,17 @@ _STAGE3 = ("stage3_epochs", "lr_edit_aggr", "lr_edit_comp", "edit_temperature", 
            "image_weight")
 
 
-def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
+def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
                meta: dict | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
-               edits: "EditTable | None" = None, sharded: bool = False) -> ComposedQueryEncoder:
+               edits: "EditTable | None" = None, sharded: bool = False,
+               ctx: RunContext | None = None) -> ComposedQueryEncoder:
     """Trains on `table`, writes `out`/foco.safetensors + foco.json, the log and the loss curve; returns the model.
 
     `cfg` is not modified (the width is set on a copy). `meta` (e.g. the backbone spec) is stored in foco.json.
     `on_step(global_step, losses)` is called after each step, counting from 0 across the stages. With `edits` and
     `cfg.stage3_epochs > 0` a third stage trains on ITT triplets (foco-edits, a departure from the paper); a run
-    that finished the two paper stages resumes into it.
+    that finished the two paper stages resumes into it. `ctx`: the run's ranks and device (`init_distributed`
+    under torchrun); None: this process on `cfg.device`.
 
     `sharded` (under torchrun): `table` holds this rank's own images (its feature shards, `corpus_parts`), and each
     step takes B/N of them per rank; the negatives still span the global batch. Without it every rank holds the
@@ -182,57 +183,49 @@ def train_foco(table: PairTable, out: str | Path, cfg: FoCoTrainConfig, resume: 
     """
     if cfg.stage3_epochs > 0 and edits is None:
         raise ValueError("stage 3 (--stage3-epochs) trains on edits: pass --edits STORE")
-    out = Path(out)
-    refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
     _check_ablations(cfg)
-    cfg = replace(cfg, model=replace(cfg.model, dim=_dim(table)))
+    cfg = replace(cfg, model=replace(cfg.model, dim=table.dim))
     table = _with_pairs(table, cfg)
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    gen = torch.Generator().manual_seed(cfg.seed)  # the negatives: drawn on the CPU, the same on every device
-    env = current(resolved(cfg.device))  # data-parallel when launched by torchrun (`foco.train.distributed`)
-    model = ComposedQueryEncoder(cfg.model).to(env.device)  # initialised on the CPU (same weights), then moved
-    objective = None
-    if env.enabled:
-        objective = ddp(FoCoObjective(model), env)
-    if cfg.compile:  # the module is compiled, the weights stay `model`'s (saved and resumed as usual)
-        objective = torch.compile(objective if objective is not None else FoCoObjective(model), backend=cfg.compile,
-                                  dynamic=True)
-    loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="FoCo",
-                      env=env,
-                      plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
-                      plot_title="FoCo training losses per step (stage 1, then stage 2" +
-                                 (", then the edit stage)" if cfg.stage3_epochs else ")"),
-                      identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision,
-                      device=env.device, settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
-    phases = [_stage(model, table, cfg, gen, s, env, objective, sharded and env.enabled) for s in (1, 2)]
-    if cfg.stage3_epochs > 0:
-        phases.append(_edit_stage(model, edits, cfg, env, objective))
-    history = run(model, phases, out, loop, rng, resume, gen, on_step)
-    if not env.is_main:
-        return model
-    model.save(out)
-    recipe = {"recipe": "foco-edits: the paper's two stages, then a third on edit triplets (not in the FoCo paper)"} \
-        if cfg.stage3_epochs else {}
-    _add_meta(out, {**recorded_settings(history), **recipe, **(meta or {})})
-    return model
+    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
+
+    def build(ctx: RunContext) -> Plan:
+        gen = torch.Generator().manual_seed(cfg.seed)  # the negatives: drawn on the CPU, the same on every device
+        model = ComposedQueryEncoder(cfg.model).to(ctx.device)  # initialised on the CPU (same weights), then moved
+        objective = None
+        if ctx.enabled:
+            objective = ddp(FoCoObjective(model), ctx)
+        if cfg.compile:  # the module is compiled, the weights stay `model`'s (saved and resumed as usual)
+            objective = torch.compile(objective if objective is not None else FoCoObjective(model),
+                                      backend=cfg.compile, dynamic=True)
+        loop = LoopConfig(len(table), cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="FoCo",
+                          plot_keys=("aggr", "comp", "compose", "preserve", "target_image"),
+                          plot_title="FoCo training losses per step (stage 1, then stage 2" +
+                                     (", then the edit stage)" if cfg.stage3_epochs else ")"),
+                          identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision,
+                          settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
+        phases = [_stage(model, table, cfg, gen, s, ctx, objective, sharded and ctx.enabled) for s in (1, 2)]
+        if cfg.stage3_epochs > 0:
+            phases.append(_edit_stage(model, edits, cfg, ctx, objective))
+
+        def save(history: dict) -> None:
+            model.save(ctx.out)
+            recipe = {"recipe": "foco-edits: the paper's two stages, then a third on edit triplets (not in the FoCo "
+                                "paper)"} if cfg.stage3_epochs else {}
+            _add_meta(Path(ctx.out), {**recorded_settings(history), **recipe, **(meta or {})})
+        return Plan(model, phases, loop, save, generator=gen, on_step=on_step)
+    return train_run(ctx, build, resume).model
 
 
-def _dim(table) -> int:
-    """D of a pair table (in memory or streaming)."""
-    return int(table.dim) if hasattr(table, "dim") else int(table.image_global.shape[1])
-
-
-def _with_pairs(table, cfg: FoCoTrainConfig):
+def _with_pairs(table: TrainingPairs, cfg: FoCoTrainConfig) -> TrainingPairs:
     """The table with each image's first `max_pairs` pairs, and without the images that have fewer than
     `min_pairs` (their count is printed: leaving images out is never silent)."""
     table = table.with_max_pairs(cfg.max_pairs)
     if cfg.min_pairs <= 1:
         return table
-    if not hasattr(table, "local_idx"):
+    counts = table.pairs_per_image()  # (N,)
+    if counts is None:
         raise ValueError("--min-pairs needs a feature cache (foco train --features): an --online table does not know "
                          "each image's pairs before it reads them")
-    counts = (table.local_idx >= 0).sum(1)  # (N,) pairs per image
     keep = {i for i, n in zip(table.ids, counts.tolist()) if n >= cfg.min_pairs}
     if not keep:
         raise ValueError(f"--min-pairs {cfg.min_pairs}: no training image has that many decomposition pairs (most: "

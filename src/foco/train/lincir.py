@@ -26,15 +26,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.lincir import LinCIRConfig, LinCIRPhi
-from ..utils.device import resolved
-from .distributed import DistEnv, current, ddp, rank_slice
-from .loop import Losses, LoopConfig, Phase, recorded_settings, refuse_overwrite, run, settings_of
+from .distributed import DistEnv, RunContext, context, ddp, rank_slice
+from .harness import Plan, train_run
+from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
 
 KEYWORD_POS = frozenset({"NOUN", "PROPN", "ADJ", "DET"})  # loader.py's extract_keywords_spacy
 
@@ -143,50 +142,49 @@ def encode_raw(backbone, texts: Sequence[str], batch: int = 256) -> torch.Tensor
 
 def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: str | Path,
                  cfg: LinCIRTrainConfig | None = None, resume: bool = False, meta: dict | None = None,
-                 nlp=None) -> LinCIRPhi:
+                 nlp=None, ctx: RunContext | None = None) -> LinCIRPhi:
     """Trains phi on `captions` (text only) with the frozen `backbone`; writes `out`/lincir.safetensors + lincir.json
-    and the training log. Resumable (`resume=True`). `nlp`: a spaCy pipeline (default: foco's rule decomposer's)."""
+    and the training log. Resumable (`resume=True`). `nlp`: a spaCy pipeline (default: foco's rule decomposer's).
+    `ctx`: the run's ranks and device (None: this process on `cfg.device`)."""
     cfg = cfg if cfg is not None else LinCIRTrainConfig()
     if not captions:
         raise ValueError("LinCIR trains on captions: none were given")
-    out = Path(out)
-    refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
     cfg = replace(cfg, model=replace(cfg.model, embed_dim=int(backbone.embed_dim), token_dim=int(backbone.token_dim)))
+    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
     if nlp is None:
         from ..decompose.rule import load_spacy
         nlp = load_spacy()
     ph = cfg.model.placeholder
     cleaned = [clean_caption(c, ph) for c in captions]
     runs = [keyword_runs(nlp, c) for c in cleaned]
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    noise_gen = torch.Generator().manual_seed(cfg.seed)  # the noise and the fallback words; saved on resume
-    words = _Chooser(noise_gen)
-    env = current(resolved(cfg.device))
-    phi = LinCIRPhi(cfg.model).to(env.device)
-    with torch.no_grad():
-        targets = encode_raw(backbone, cleaned).float()  # (N, D), fixed: the tower is frozen
-    objective = LinCIRObjective(phi, backbone)
-    if env.enabled:
-        objective = ddp(objective, env, find_unused=False)
 
-    def step(idx: torch.Tensor) -> Losses:  # idx (B,) the global batch; each rank takes its rows
-        mine = rank_slice(torch.arange(idx.shape[0]), env)  # (b,) this rank's positions in the global batch
-        e_all = targets[idx]  # (B, D)
-        scale = torch.rand(e_all.shape[0], 1, generator=noise_gen)  # (B, 1), U[0, 1)
-        noisy = e_all + cfg.model.noise * scale * torch.randn(e_all.shape, generator=noise_gen)  # (B, D)
-        masked = [mask_caption(cleaned[i], runs[i], words, ph) for i in idx.tolist()]  # (B,), same stream per rank
-        return objective(e_all[mine].to(env.device), noisy[mine].to(env.device), [masked[j] for j in mine.tolist()])
+    def build(env: RunContext) -> Plan:
+        noise_gen = torch.Generator().manual_seed(cfg.seed)  # the noise and the fallback words; saved on resume
+        words = _Chooser(noise_gen)
+        phi = LinCIRPhi(cfg.model).to(env.device)
+        with torch.no_grad():
+            targets = encode_raw(backbone, cleaned).float()  # (N, D), fixed: the tower is frozen
+        objective = LinCIRObjective(phi, backbone)
+        if env.enabled:
+            objective = ddp(objective, env, find_unused=False)
 
-    def optimizer() -> torch.optim.Optimizer:
-        return torch.optim.AdamW(phi.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        def step(idx: torch.Tensor) -> Losses:  # idx (B,) the global batch; each rank takes its rows
+            mine = rank_slice(torch.arange(idx.shape[0]), env)  # (b,) this rank's positions in the global batch
+            e_all = targets[idx]  # (B, D)
+            scale = torch.rand(e_all.shape[0], 1, generator=noise_gen)  # (B, 1), U[0, 1)
+            noisy = e_all + cfg.model.noise * scale * torch.randn(e_all.shape, generator=noise_gen)  # (B, D)
+            masked = [mask_caption(cleaned[i], runs[i], words, ph) for i in idx.tolist()]  # (B,), same per rank
+            return objective(e_all[mine].to(env.device), noisy[mine].to(env.device),
+                             [masked[j] for j in mine.tolist()])
 
-    n, B = len(cleaned), min(cfg.batch_size, len(cleaned))
-    history = run(phi, [Phase(cfg.epochs, optimizer, step)], out,
-                  LoopConfig(n, B, warmup_frac=0.0, grad_clip=cfg.grad_clip, max_steps=cfg.max_steps,
-                             name="LinCIR", env=env, device=env.device, schedule="constant",
-                             identity={"backbone": backbone.spec}, settings=settings_of(cfg),
-                             allow_changed=frozenset(cfg.allow_changed)), rng, resume, generator=noise_gen)
-    if env.is_main:
-        phi.save(out, {"backbone": backbone.spec, "captions": n, **recorded_settings(history), **(meta or {})})
-    return phi
+        def optimizer() -> torch.optim.Optimizer:
+            return torch.optim.AdamW(phi.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+
+        n, B = len(cleaned), min(cfg.batch_size, len(cleaned))
+        loop = LoopConfig(n, B, warmup_frac=0.0, grad_clip=cfg.grad_clip, max_steps=cfg.max_steps, name="LinCIR",
+                          schedule="constant", identity={"backbone": backbone.spec}, settings=settings_of(cfg),
+                          allow_changed=frozenset(cfg.allow_changed))
+        return Plan(phi, [Phase(cfg.epochs, optimizer, step)], loop, lambda history: phi.save(
+            env.out, {"backbone": backbone.spec, "captions": n, **recorded_settings(history), **(meta or {})}),
+            generator=noise_gen)
+    return train_run(ctx, build, resume).model

@@ -118,6 +118,14 @@ class OnlinePairTable:
         self.k = min(self.k, k)
         return self
 
+    def pairs_per_image(self) -> None:
+        """Unknown before the shards are read: the pairs are looked up a batch at a time."""
+        return None
+
+    def subset(self, keep: set[str]) -> "OnlinePairTable":
+        raise ValueError("an --online table trains on every image of its shards; leaving images out needs a feature "
+                         "cache (foco features extract, then foco train --features)")
+
     def prefetch(self, batches: list[torch.Tensor]) -> None:
         """Starts DataLoader workers reading and decoding this epoch's `batches` (each (B,)) in order, ahead of the
         steps that ask for them."""

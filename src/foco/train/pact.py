@@ -34,18 +34,18 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..utils.device import move, resolved
+from ..utils.device import move
 
 from ..backbones.tunable import TextTuneConfig, tunable_text
 from ..methods.composer import TextComposer, build_mapper
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper
 from .edit_data import EditTable
-from .distributed import DistEnv, current, data_parallel, rank_chunk, rank_slice
-from .loop import RUN_ONLY, Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
+from .distributed import DistEnv, RunContext, context, data_parallel, rank_chunk, rank_slice
+from .harness import Plan, train_run
+from .loop import RUN_ONLY, Losses, LoopConfig, Phase, recorded_settings, settings_of
 from .losses import compose_loss, info_nce
 from .pic2word import backbone_temperature, pic2word_loss
 
@@ -135,53 +135,48 @@ def joint_losses(composer: TextComposer, edits: EditTable, images: torch.Tensor,
 
 
 def train_pact(edits: EditTable, backbone, out: str | Path, cfg: PACTTrainConfig | None = None,
-               resume: bool = False, meta: dict | None = None) -> TextComposer:
+               resume: bool = False, meta: dict | None = None, ctx: RunContext | None = None) -> TextComposer:
     """Trains PACT on the triplets of `edits` with `backbone`'s text tower; writes `out`/composer.json,
-    mapper.safetensors, text.safetensors, the log and the loss curve. Resumable after every epoch."""
+    mapper.safetensors, text.safetensors, the log and the loss curve. Resumable after every epoch. `ctx`: the run's
+    ranks and device (None: this process on `cfg.device`)."""
     cfg = cfg or PACTTrainConfig()
     if cfg.compose_weight <= 0 and cfg.preserve_weight <= 0 and cfg.visual_weight <= 0:
         raise ValueError("every PACT loss weight is 0: nothing to train")
-    out = Path(out)
-    refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    composer = build_composer("pact", "pic2word", cfg.model, cfg.text, backbone, int(edits.image_global.shape[1]),
-                              cfg.mapper_init)
-    tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
-    env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
-    composer.to(env.device)
-    images = F.normalize(edits.image_global.float(), dim=-1).to(env.device)  # (N, D)
-    n_images = images.shape[0]
+    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
 
-    objective = data_parallel(composer, env)  # both phases train the mapper and the tower's trainable part
+    def build(env: RunContext) -> Plan:
+        composer = build_composer("pact", "pic2word", cfg.model, cfg.text, backbone, int(edits.image_global.shape[1]),
+                                  cfg.mapper_init)
+        tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
+        composer.to(env.device)
+        images = F.normalize(edits.image_global.float(), dim=-1).to(env.device)  # (N, D)
+        n_images = images.shape[0]
+        objective = data_parallel(composer, env)  # both phases train the mapper and the tower's trainable part
 
-    def identity(idx: torch.Tensor) -> Losses:  # idx (B,) image rows, the global batch
-        return objective(lambda: identity_losses(composer, images, idx, tau, env))
+        def identity(idx: torch.Tensor) -> Losses:  # idx (B,) image rows, the global batch
+            return objective(lambda: identity_losses(composer, images, idx, tau, env))
 
-    def joint(idx: torch.Tensor) -> Losses:  # idx (B,) triplet rows, the global batch
-        return objective(lambda: joint_losses(composer, edits, images, idx, cfg, tau, env))
+        def joint(idx: torch.Tensor) -> Losses:  # idx (B,) triplet rows, the global batch
+            return objective(lambda: joint_losses(composer, edits, images, idx, cfg, tau, env))
 
-    def joint_optimizer() -> torch.optim.AdamW:
-        return torch.optim.AdamW([{"params": list(composer.mapper.parameters()), "lr": cfg.lr_mapper},
-                                  {"params": [p for p in composer.text.parameters() if p.requires_grad],
-                                   "lr": cfg.lr_text}], weight_decay=cfg.weight_decay)
+        def joint_optimizer() -> torch.optim.AdamW:
+            return torch.optim.AdamW([{"params": list(composer.mapper.parameters()), "lr": cfg.lr_mapper},
+                                      {"params": [p for p in composer.text.parameters() if p.requires_grad],
+                                       "lr": cfg.lr_text}], weight_decay=cfg.weight_decay)
 
-    phases = []
-    if cfg.identity_epochs > 0:
-        phases.append(Phase(cfg.identity_epochs, lambda: torch.optim.AdamW(composer.mapper.parameters(),
-                                                                            lr=cfg.lr_warmup,
-                                                                            weight_decay=cfg.weight_decay),
-                            identity, tag={"stage": "identity"}, n=n_images))
-    phases.append(Phase(cfg.joint_epochs, joint_optimizer, joint, tag={"stage": "joint"}, n=len(edits)))
-    loop = LoopConfig(len(edits), min(cfg.batch_size, len(edits), n_images), cfg.warmup_frac, cfg.grad_clip,
-                      cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
-                      plot_title="PACT training losses per step (identity warm-up, then joint)",
-                      identity={"backbone": backbone.spec}, env=env, device=env.device,
-                      settings=settings_of(cfg, RUN_ONLY | {"model", "text"}),  # sized by build_composer
-                      allow_changed=frozenset(cfg.allow_changed))
-    history = run(composer, phases, out, loop, rng, resume)
-    if not env.is_main:
-        return composer
-    composer.save(out, {"backbone": backbone.spec, "temperature": tau,
-                        **recorded_settings(history), **(meta or {})})
-    return composer
+        phases = []
+        if cfg.identity_epochs > 0:
+            phases.append(Phase(cfg.identity_epochs, lambda: torch.optim.AdamW(composer.mapper.parameters(),
+                                                                                lr=cfg.lr_warmup,
+                                                                                weight_decay=cfg.weight_decay),
+                                identity, tag={"stage": "identity"}, n=n_images))
+        phases.append(Phase(cfg.joint_epochs, joint_optimizer, joint, tag={"stage": "joint"}, n=len(edits)))
+        loop = LoopConfig(len(edits), min(cfg.batch_size, len(edits), n_images), cfg.warmup_frac, cfg.grad_clip,
+                          cfg.max_steps, name="PACT", plot_keys=("compose", "preserve", "visual"),
+                          plot_title="PACT training losses per step (identity warm-up, then joint)",
+                          identity={"backbone": backbone.spec},
+                          settings=settings_of(cfg, RUN_ONLY | {"model", "text"}),  # sized by build_composer
+                          allow_changed=frozenset(cfg.allow_changed))
+        return Plan(composer, phases, loop, lambda history: composer.save(
+            env.out, {"backbone": backbone.spec, "temperature": tau, **recorded_settings(history), **(meta or {})}))
+    return train_run(ctx, build, resume).model

@@ -5,15 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.pic2word import Pic2WordConfig, Pic2WordMapper, mapper_input
-from ..utils.device import resolved
-from .distributed import DistEnv, current, ddp, rank_slice
-from .loop import Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
+from .distributed import DistEnv, RunContext, context, ddp, rank_slice
+from .harness import Plan, train_run
+from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
 
 
 @dataclass
@@ -106,41 +105,38 @@ class Pic2WordObjective(torch.nn.Module):
 
 def train_pic2word(image_global: torch.Tensor, backbone: PseudoTokenBackbone, out: str | Path,
                    cfg: Pic2WordTrainConfig | None = None, resume: bool = False, meta: dict | None = None,
-                   image_norm: torch.Tensor | None = None) -> Pic2WordMapper:
+                   image_norm: torch.Tensor | None = None, ctx: RunContext | None = None) -> Pic2WordMapper:
     """Trains phi on N cached image globals (N, D), normalised, with the frozen `backbone`'s text tower; a mapper
     with raw input (`Pic2WordConfig.mapper_input`, the default) reads them times `image_norm` (N,). Writes `out`/
     pic2word.safetensors + pic2word.json and train_log.jsonl. The state is saved after every epoch; `resume=True`
-    continues a killed run. `cfg` is not modified (the dimensions are set on a copy)."""
+    continues a killed run. `cfg` is not modified (the dimensions are set on a copy). `ctx`: the run's ranks and
+    device (None: this process on `cfg.device`)."""
     cfg = cfg if cfg is not None else Pic2WordTrainConfig()
-    out = Path(out)
-    refuse_overwrite(out, resume, "resume it or choose another output folder")
     cfg = replace(cfg, model=replace(cfg.model, image_dim=int(image_global.shape[1]),
                                      token_dim=int(backbone.token_dim)))
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    mapper = Pic2WordMapper(cfg.model)
-    tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
-    n, B = image_global.shape[0], min(cfg.batch_size, image_global.shape[0])
-    env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
-    mapper.to(env.device)
-    inputs = mapper_input(image_global, image_norm, cfg.model.mapper_input, "the training features")  # (N, D)
-    image_global = image_global.to(env.device)  # (N, D): globals only, normalised (the loss's images)
-    inputs = inputs.to(env.device)
-    objective = Pic2WordObjective(mapper, backbone, cfg.model.train_prompt, cfg.model.placeholder, tau)
-    if env.enabled:
-        objective = ddp(objective, env, find_unused=False)
+    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
 
-    def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; each rank takes its rows
-        rows = rank_slice(idx, env).to(env.device)
-        return objective(inputs[rows].float(), image_global[rows].float(), env)
+    def build(ctx: RunContext) -> Plan:
+        mapper = Pic2WordMapper(cfg.model)
+        tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
+        n, B = image_global.shape[0], min(cfg.batch_size, image_global.shape[0])
+        mapper.to(ctx.device)
+        inputs = mapper_input(image_global, image_norm, cfg.model.mapper_input, "the training features")  # (N, D)
+        images = image_global.to(ctx.device)  # (N, D): globals only, normalised (the loss's images)
+        inputs = inputs.to(ctx.device)
+        objective = Pic2WordObjective(mapper, backbone, cfg.model.train_prompt, cfg.model.placeholder, tau)
+        if ctx.enabled:
+            objective = ddp(objective, ctx, find_unused=False)
 
-    phase = Phase(cfg.epochs, lambda: make_optimizer(mapper, cfg), step,
-                  record=lambda steps: {"steps": steps, "temperature": tau})
-    history = run(mapper, [phase], out, LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps,
-                                                   name="Pic2Word", env=env, device=env.device,
-                                                   identity={"backbone": backbone.spec}, settings=settings_of(cfg),
-                                                   allow_changed=frozenset(cfg.allow_changed)), rng, resume)
-    if not env.is_main:
-        return mapper
-    mapper.save(out, {"backbone": backbone.spec, **recorded_settings(history), **(meta or {})})
-    return mapper
+        def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; each rank takes its rows
+            rows = rank_slice(idx, ctx).to(ctx.device)
+            return objective(inputs[rows].float(), images[rows].float(), ctx)
+
+        phase = Phase(cfg.epochs, lambda: make_optimizer(mapper, cfg), step,
+                      record=lambda steps: {"steps": steps, "temperature": tau})
+        loop = LoopConfig(n, B, cfg.warmup_frac, cfg.grad_clip, cfg.max_steps, name="Pic2Word",
+                          identity={"backbone": backbone.spec}, settings=settings_of(cfg),
+                          allow_changed=frozenset(cfg.allow_changed))
+        return Plan(mapper, [phase], loop, lambda history: mapper.save(
+            ctx.out, {"backbone": backbone.spec, **recorded_settings(history), **(meta or {})}))
+    return train_run(ctx, build, resume).model

@@ -67,12 +67,13 @@ def edit_triplets(store: Path, texts: Path, train_features: Path, decompositions
     from ..edits.rule import RuleWriter
     from ..edits.run import GenerateConfig, run_generate
     from ..edits.store import EditStore
-    from .inputs import edit_table
+    from .sources import training_data
     sources = [(i, decompositions[i]) for i in ids if i in decompositions][:ep.sources]
     stats = run_generate(sources, RuleWriter("train"), store, GenerateConfig(per_caption=ep.per_caption))
     with EditStore(store) as st:
         records = st.records(stats.settings_id)
-    table = edit_table(train_features, backbone, records, texts, max_negatives=ep.max_negatives, precision=precision)
+    table = training_data(train_features).edit_table(backbone, records, texts, max_negatives=ep.max_negatives,
+                                                     precision=precision)
     if ep.image_weight > 0:
         table, match = table.with_targets("auto")
         log.info(match.summary())

@@ -33,14 +33,15 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from ..utils.device import move, resolved
+from ..utils.device import move
 
 from ..backbones.tunable import TextTuneConfig
 from ..methods.composer import TextComposer
 from ..methods.pic2word import Pic2WordConfig
 from .edit_data import EditTable
-from .distributed import DistEnv, current, data_parallel, rank_slice
-from .loop import RUN_ONLY, Losses, LoopConfig, Phase, refuse_overwrite, recorded_settings, run, settings_of
+from .distributed import DistEnv, RunContext, context, data_parallel, rank_slice
+from .harness import Plan, train_run
+from .loop import RUN_ONLY, Losses, LoopConfig, Phase, recorded_settings, settings_of
 from .losses import compose_loss
 from .pact import build_composer
 from .pic2word import backbone_temperature, pic2word_loss
@@ -122,72 +123,72 @@ def composing_losses(composer: TextComposer, kept: EditTable, idx: torch.Tensor,
 
 
 def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConfig | None = None,
-                resume: bool = False, meta: dict | None = None) -> tuple[TextComposer, TargetMatch]:
+                resume: bool = False, meta: dict | None = None,
+                ctx: RunContext | None = None) -> tuple[TextComposer, TargetMatch]:
     """Trains both stages; writes `out`/composer.json, mapper.safetensors, text.safetensors, targets.json (which
-    triplets kept which image), the log and the loss curve. Resumable after every epoch."""
+    triplets kept which image), the log and the loss curve. Resumable after every epoch. `ctx`: the run's ranks and
+    device (None: this process on `cfg.device`)."""
     cfg = cfg or TSCIRTrainConfig()
-    out = Path(out)
-    refuse_overwrite(out, resume, "pass --resume to continue it or choose another --out")
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    composer = build_composer("tscir", "vsi", cfg.model, cfg.text, backbone, int(edits.image_global.shape[1]),
-                              patch_dim=int(edits.patches.shape[-1]))
-    tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
-    images = F.normalize(edits.image_global.float(), dim=-1)  # (N, D)
-    captions = F.normalize(edits.text_global.float(), dim=-1)  # (Nt, D)
-    # stage 1 data: each source image once, with its caption
-    first = {}
-    for s, c in zip(edits.source.tolist(), edits.source_caption.tolist()):
-        first.setdefault(s, c)
-    data = MappingData(images, edits.patches, captions, torch.tensor(list(first)), torch.tensor(list(first.values())))
-    # stage 2 data: triplets with a retrieved target image
-    targeted, match = edits.with_targets(cfg.threshold)
-    kept = targeted.subset(match.kept)
-    if cfg.max_triplets is not None and len(kept) > cfg.max_triplets:
-        pick = torch.from_numpy(np.random.default_rng(cfg.seed).permutation(len(kept))[:cfg.max_triplets])
-        mask = torch.zeros(len(kept), dtype=torch.bool)
-        mask[pick] = True
-        kept = kept.subset(mask)
-    if len(kept) < 2:
-        raise ValueError(f"{match.summary()}: too few synthetic triplets for stage 2; lower --target-threshold")
+    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
+    found = {}
 
-    env = current(resolved(cfg.device))  # data-parallel under torchrun (`foco.train.distributed`)
-    composer.to(env.device)
-    objective = {}  # the phase's DDP wrapper: the stages train different parts, so each wraps its own
+    def build(env: RunContext) -> Plan:
+        composer = build_composer("tscir", "vsi", cfg.model, cfg.text, backbone, int(edits.image_global.shape[1]),
+                                  patch_dim=int(edits.patches.shape[-1]))
+        tau = cfg.temperature if cfg.temperature is not None else backbone_temperature(backbone)
+        images = F.normalize(edits.image_global.float(), dim=-1)  # (N, D)
+        captions = F.normalize(edits.text_global.float(), dim=-1)  # (Nt, D)
+        # stage 1 data: each source image once, with its caption
+        first = {}
+        for s, c in zip(edits.source.tolist(), edits.source_caption.tolist()):
+            first.setdefault(s, c)
+        data = MappingData(images, edits.patches, captions, torch.tensor(list(first)),
+                           torch.tensor(list(first.values())))
+        # stage 2 data: triplets with a retrieved target image
+        targeted, match = edits.with_targets(cfg.threshold)
+        found["match"] = match
+        kept = targeted.subset(match.kept)
+        if cfg.max_triplets is not None and len(kept) > cfg.max_triplets:
+            pick = torch.from_numpy(np.random.default_rng(cfg.seed).permutation(len(kept))[:cfg.max_triplets])
+            mask = torch.zeros(len(kept), dtype=torch.bool)
+            mask[pick] = True
+            kept = kept.subset(mask)
+        if len(kept) < 2:
+            raise ValueError(f"{match.summary()}: too few synthetic triplets for stage 2; lower --target-threshold")
+        composer.to(env.device)
+        objective = {}  # the phase's DDP wrapper: the stages train different parts, so each wraps its own
 
-    def mapping(idx: torch.Tensor) -> Losses:  # idx (B,) rows of the mapping data, the global batch
-        return objective["ddp"](lambda: mapping_losses(composer, data, idx, cfg, tau, env))
+        def mapping(idx: torch.Tensor) -> Losses:  # idx (B,) rows of the mapping data, the global batch
+            return objective["ddp"](lambda: mapping_losses(composer, data, idx, cfg, tau, env))
 
-    def composing(idx: torch.Tensor) -> Losses:  # idx (B,) rows of kept, the global batch
-        return objective["ddp"](lambda: composing_losses(composer, kept, idx, tau, env))
+        def composing(idx: torch.Tensor) -> Losses:  # idx (B,) rows of kept, the global batch
+            return objective["ddp"](lambda: composing_losses(composer, kept, idx, tau, env))
 
-    def stage1_opt() -> torch.optim.AdamW:
-        composer.text.requires_grad_(False)  # the frozen text tower: only the mapper learns to map
-        objective["ddp"] = data_parallel(composer, env)
-        return torch.optim.AdamW(composer.mapper.parameters(), lr=cfg.lr_stage1, weight_decay=cfg.weight_decay)
+        def stage1_opt() -> torch.optim.AdamW:
+            composer.text.requires_grad_(False)  # the frozen text tower: only the mapper learns to map
+            objective["ddp"] = data_parallel(composer, env)
+            return torch.optim.AdamW(composer.mapper.parameters(), lr=cfg.lr_stage1, weight_decay=cfg.weight_decay)
 
-    def stage2_opt() -> torch.optim.AdamW:
-        composer.mapper.requires_grad_(False)
-        for name, p in composer.text.named_parameters():
-            p.requires_grad_(composer.text.cfg.kind == "world-head" or "lora_" in name)
-        objective["ddp"] = data_parallel(composer, env)
-        return torch.optim.AdamW([p for p in composer.text.parameters() if p.requires_grad], lr=cfg.lr_stage2,
-                                 weight_decay=cfg.weight_decay)
+        def stage2_opt() -> torch.optim.AdamW:
+            composer.mapper.requires_grad_(False)
+            for name, p in composer.text.named_parameters():
+                p.requires_grad_(composer.text.cfg.kind == "world-head" or "lora_" in name)
+            objective["ddp"] = data_parallel(composer, env)
+            return torch.optim.AdamW([p for p in composer.text.parameters() if p.requires_grad], lr=cfg.lr_stage2,
+                                     weight_decay=cfg.weight_decay)
 
-    phases = [Phase(cfg.stage1_epochs, stage1_opt, mapping, tag={"stage": "mapping"}, n=len(data)),
-              Phase(cfg.stage2_epochs, stage2_opt, composing, tag={"stage": "composing"}, n=len(kept))]
-    loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(data)), cfg.warmup_frac, cfg.grad_clip,
-                      cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
-                      plot_title="TSCIR training losses per step (mapping, then composing)",
-                      identity={"backbone": backbone.spec}, env=env, device=env.device,
-                      settings=settings_of(cfg, RUN_ONLY | {"model", "text"}),  # sized by build_composer
-                      allow_changed=frozenset(cfg.allow_changed))
-    history = run(composer, phases, out, loop, rng, resume)
-    if not env.is_main:
-        return composer, match
-    composer.save(out, {"backbone": backbone.spec, "temperature": tau,
-                        "targets": {"threshold": match.threshold, "triplets": len(edits),
-                                    "with_target": int(match.kept.sum()), "trained_on": len(kept)},
-                        **recorded_settings(history),
-                        **(meta or {})})
-    return composer, match
+        phases = [Phase(cfg.stage1_epochs, stage1_opt, mapping, tag={"stage": "mapping"}, n=len(data)),
+                  Phase(cfg.stage2_epochs, stage2_opt, composing, tag={"stage": "composing"}, n=len(kept))]
+        loop = LoopConfig(len(kept), min(cfg.batch_size, len(kept), len(data)), cfg.warmup_frac, cfg.grad_clip,
+                          cfg.max_steps, name="TSCIR", plot_keys=("map", "soft", "loss"),
+                          plot_title="TSCIR training losses per step (mapping, then composing)",
+                          identity={"backbone": backbone.spec},
+                          settings=settings_of(cfg, RUN_ONLY | {"model", "text"}),  # sized by build_composer
+                          allow_changed=frozenset(cfg.allow_changed))
+        return Plan(composer, phases, loop, lambda history: composer.save(
+            env.out, {"backbone": backbone.spec, "temperature": tau,
+                      "targets": {"threshold": match.threshold, "triplets": len(edits),
+                                  "with_target": int(match.kept.sum()), "trained_on": len(kept)},
+                      **recorded_settings(history), **(meta or {})}))
+    composer = train_run(ctx, build, resume).model
+    return composer, found["match"]

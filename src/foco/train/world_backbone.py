@@ -16,7 +16,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .loop import Losses, LoopConfig, Phase, recorded_settings, run, settings_of
+from .distributed import RunContext
+from .harness import Plan, train_run
+from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
 from ..metrics import diagonal_recalls
 from ..utils.device import resolve_device, to_device
 from ..utils.precision import resolve_precision
@@ -125,33 +127,38 @@ def _clip_step(model: WorldCLIP, images: torch.Tensor, states: torch.Tensor, mas
 def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainConfig = BackboneTrainConfig(),
                          resume: bool = True) -> dict:
     """Trains, saves to `out` (model.safetensors + config.json), evaluates on backbone_val; returns the metrics.
-    `resume=False` starts over even where `out` holds a run."""
+    `resume=False` starts over even where `out` holds a run. One process (not data-parallel) on `cfg.device`."""
     world, out = Path(world), Path(out)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     t0 = time.time()
-    torch.manual_seed(cfg.seed)
-    rng = np.random.default_rng(cfg.seed)
-    device = str(resolve_device(cfg.device))
-    model = WorldCLIP(cfg.model).to(device)  # initialised on the CPU (the same weights everywhere), then moved
-    minilm = FrozenMiniLM(cfg.model.text_encoder, cfg.model.max_text_len).to(device)
-    _, images, captions = load_split_arrays(world, "pretrain", cfg.model.image_size)
-    states, mask = encode_minilm(minilm, captions, out / "cache" / "pretrain_minilm.safetensors")
-    n = images.shape[0]
-    if n < cfg.batch_size:
-        raise ValueError(f"pretrain split has {n} pairs, fewer than one batch of {cfg.batch_size}")
-    opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
-    phase = Phase(cfg.epochs, lambda: opt, _clip_step(model, images, states, mask, device),
-                  record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
-    history = run(model, [phase], out, LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone",
-                                                  device=device, settings=settings_of(cfg),
-                                                  precision=resolve_precision(cfg.precision, device),
-                                                  allow_changed=frozenset(cfg.allow_changed)), rng, resume)
-    train_s = time.time() - t0
-    backbone = WorldBackbone(model, str(out), device)
-    metrics = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
-    save_world_checkpoint(model, out, extra={**recorded_settings(history), "precision": cfg.precision,
-                                              "world": str(Path(world).resolve()), "metrics": metrics,
-                                              "provenance": provenance()})
-    atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
-    return metrics
+    ctx = RunContext(device=str(resolve_device(cfg.device))).for_run(cfg.seed, out)
+    result = {}
+
+    def build(ctx: RunContext) -> Plan:
+        device = ctx.device
+        model = WorldCLIP(cfg.model).to(device)  # initialised on the CPU (the same weights everywhere), then moved
+        minilm = FrozenMiniLM(cfg.model.text_encoder, cfg.model.max_text_len).to(device)
+        _, images, captions = load_split_arrays(world, "pretrain", cfg.model.image_size)
+        states, mask = encode_minilm(minilm, captions, out / "cache" / "pretrain_minilm.safetensors")
+        n = images.shape[0]
+        if n < cfg.batch_size:
+            raise ValueError(f"pretrain split has {n} pairs, fewer than one batch of {cfg.batch_size}")
+        opt = torch.optim.AdamW(_param_groups(model, cfg.weight_decay), lr=cfg.lr, betas=(0.9, 0.98))
+        phase = Phase(cfg.epochs, lambda: opt, _clip_step(model, images, states, mask, device),
+                      record=lambda _: {"lr": opt.param_groups[0]["lr"]}, clip_params=model.parameters)  # model order
+        loop = LoopConfig(n, cfg.batch_size, cfg.warmup_frac, cfg.grad_clip, name="backbone",
+                          settings=settings_of(cfg), precision=resolve_precision(cfg.precision, device),
+                          allow_changed=frozenset(cfg.allow_changed))
+
+        def save(history: dict) -> None:
+            train_s = time.time() - t0
+            backbone = WorldBackbone(model, str(out), device)
+            metrics = result["metrics"] = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
+            save_world_checkpoint(model, out, extra={**recorded_settings(history), "precision": cfg.precision,
+                                                      "world": str(Path(world).resolve()), "metrics": metrics,
+                                                      "provenance": provenance()})
+            atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
+        return Plan(model, [phase], loop, save)
+    train_run(ctx, build, resume, refuse=False)
+    return result["metrics"]
