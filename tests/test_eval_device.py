@@ -18,7 +18,7 @@ from test_devices import DeviceMix
 @pytest.fixture
 def part(tiny_world, eval_features):
     from foco.benchmarks import read_benchmark
-    from foco.eval.evaluate import world_cache_features
+    from foco.benchmarks.world import world_cache_features
     bench = read_benchmark("world", tiny_world, "test", protocols=("single",))[0]
     return bench, world_cache_features(eval_features)(bench)
 

@@ -212,7 +212,8 @@ class Mix(QueryMethod):
 
 def test_any_methods_option_with_a_grid_is_chosen_on_val(monkeypatch, tiny_world, eval_features):
     from foco.benchmarks.world import read_world
-    from foco.eval.evaluate import EvalConfig, evaluate, val_parts, world_cache_features
+    from foco.benchmarks.world import world_cache_features
+    from foco.eval.evaluate import EvalConfig, evaluate, val_parts
     monkeypatch.setitem(METHODS._entries, "mix", Mix)
     parts = read_world(tiny_world, "test", ("single",))
     feats = world_cache_features(eval_features)

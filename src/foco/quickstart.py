@@ -20,7 +20,8 @@ from .benchmarks.world import read_world
 from .decompose import build_decomposer
 from .decompose.inputs import read_captions
 from .decompose.run import run_decompose
-from .eval.evaluate import EvalConfig, evaluate, label, val_parts, world_cache_features
+from .benchmarks.world import world_cache_features
+from .eval.evaluate import EvalConfig, evaluate, label, val_parts
 from .eval.figures import FigureRow, edit_type_chart, retrieval_figure
 from .features import ExtractConfig
 from .methods import DEFAULT_METHODS, MethodOptions

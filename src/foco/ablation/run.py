@@ -215,7 +215,7 @@ class _Benchmark:
 
     def __init__(self, world: Path, features: Path, split: str, protocols: tuple[str, ...] = ("single", "multi")):
         from ..benchmarks.world import read_world
-        from ..eval.evaluate import world_cache_features
+        from ..benchmarks.world import world_cache_features
         self.parts, self._source = read_world(world, split, protocols), world_cache_features(features)
         self._features = {}
 

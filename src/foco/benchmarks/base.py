@@ -62,6 +62,8 @@ class EvalProtocol:
     subset_ks: tuple[int, ...] = ()  # CIRR's Recall_subset@K over the subset members minus the reference
     map_ks: tuple[int, ...] = ()  # CIRCO's mAP@K
     submission: str | None = None  # "cirr" or "circo": the test server's file format for rankings
+    parts_averaged: bool = True  # the parts are categories or tasks of one table, averaged (FashionIQ, GeneCIS);
+                                 # False: each part is a protocol of its own, reported side by side (the world's)
 
 
 @dataclass

@@ -3,12 +3,14 @@
     ROOT = a world folder (`foco world generate`); parts "world/single" and "world/multi" of the chosen split.
 
 Their features come either from the usual per-part caches (`foco.benchmarks.cache`, encoded on first use) or from
-caches that `foco features extract --split SPLIT/PROTOCOL` wrote already (`world_features`).
+caches that `foco features extract --split SPLIT/PROTOCOL` wrote already (`world_features`; `world_cache_features`
+is the feature source evaluation takes for a folder of them, so that evaluation itself knows nothing of the world).
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -20,9 +22,10 @@ from .cache import PartFeatures
 from .circo import PROTOCOL as CIRCO
 from .cirr import PROTOCOL as CIRR
 
-PROTOCOLS = {"single": replace(CIRR, submission=None), "multi": replace(CIRCO, submission=None),
-             "described": replace(CIRR, submission=None),  # `single` with described text (`foco.world.described`)
-             "restaged": replace(CIRR, submission=None)}  # `described` over a redrawn gallery (`foco.world.restaged`)
+_OWN = {"submission": None, "parts_averaged": False}  # no test server; each protocol is reported on its own
+PROTOCOLS = {"single": replace(CIRR, **_OWN), "multi": replace(CIRCO, **_OWN),
+             "described": replace(CIRR, **_OWN),  # `single` with described text (`foco.world.described`)
+             "restaged": replace(CIRR, **_OWN)}  # `described` over a redrawn gallery (`foco.world.restaged`)
 
 
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")
@@ -105,3 +108,28 @@ def load_world_part(world: str | Path, split: str, protocol: str, cache: str | P
     """One world part and its features from an extracted cache: `(bench, feats)` for `foco.eval`."""
     bench = read_world(world, split, (protocol,))[0]
     return bench, world_features(bench, cache)
+
+
+def world_cache_features(features: str | Path) -> Callable[[CIRBenchmark], PartFeatures]:
+    """World parts' features from `features`/<split>-<protocol>, as `foco features extract` and the quickstart
+    write them."""
+    def source(bench: CIRBenchmark) -> PartFeatures:
+        protocol = bench.name.rsplit("/", 1)[-1]
+        cache = Path(features) / f"{bench.split}-{protocol}"
+        if not (cache / "manifest.json").is_file():
+            raise ValueError(f"no features for {bench.name} {bench.split} in {cache}: `foco features extract "
+                             f"--split {bench.split}/{protocol} --out {cache} ...`")
+        return world_features(bench, cache)
+    return source
+
+
+def world_features_backbone(features: str | Path, split: str, protocols: tuple[str, ...] | None = None
+                            ) -> str | None:
+    """The backbone spec recorded by the world caches of `split` under `features` (of `protocols` when given: the
+    first found), or None."""
+    from ..utils.io import read_json
+    names = [f"{split}-{p}" for p in protocols] if protocols else None
+    for manifest in sorted(Path(features).glob(f"{split}-*/manifest.json")):
+        if names is None or manifest.parent.name in names:
+            return read_json(manifest).get("backbone")
+    return None

@@ -72,7 +72,8 @@ def _target(a: argparse.Namespace) -> tuple[str, str, str]:
 def _sources(a, name: str, root: str, split: str, options: dict, spec: str | None, backbone):
     """(features, val) sources: the world's extracted caches, or per-part caches encoded with the backbone."""
     from ..benchmarks import read_benchmark
-    from ..eval.evaluate import cached_features, val_parts, world_cache_features
+    from ..benchmarks.world import world_cache_features
+    from ..eval.evaluate import cached_features, val_parts
     from ..features import ExtractConfig
     if a.features:
         features = world_cache_features(Path(a.features))
@@ -105,7 +106,7 @@ def _eval(a: argparse.Namespace) -> int:
     method_options = MethodOptions(**_method_options(a, methods))
     spec = a.backbone or recorded_spec(method_options)
     if a.features and not a.backbone:  # the features say what they were made with; a checkpoint is checked
-        from ..eval.evaluate import world_features_backbone
+        from ..benchmarks.world import world_features_backbone
         spec = world_features_backbone(Path(a.features), split, options.get("protocols")) or spec
     parts = read_benchmark(name, root, split, **options)  # every file checked before any encoding
     from ..utils.device import resolve_device

@@ -1,4 +1,5 @@
-"""FoCo with and without box anchoring on the ambiguous world benchmark (`foco.world.ambiguous`).
+"""FoCo with and without box anchoring on a benchmark whose queries carry a box and a confuser (the world's
+ambiguous-reference variant, `foco.world.ambiguous`, is one: its `AmbiguousAnnotations` are `BoxAnnotations`).
 
     bench, feats = world parts of "val-ambiguous" (`foco.benchmarks.world`)
     val = evaluate_box_anchoring(method, bench, feats, load_ambiguous(world, "val"), grid=8, betas=(-4, -2, 0, 2, 4))
@@ -11,7 +12,7 @@ attention mass inside the box, in percent).
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Sequence
+from typing import Protocol, Sequence
 
 import torch
 
@@ -22,8 +23,14 @@ from ..model.box import attention_mass, box_patch_mask
 from .compose import compose
 from .rank import rank, score
 
-if TYPE_CHECKING:
-    from ..world.ambiguous import AmbiguousAnnotations
+
+
+class BoxAnnotations(Protocol):
+    """Per query of a benchmark part: a box on the reference and the id of its confuser."""
+
+    boxes: torch.Tensor  # (Q, 4) x0, y0, x1, y1 in pixels of the reference
+    image_size: int  # the references' side in pixels
+    confusers: Sequence[str]  # (Q,) gallery id of each query's confuser (the edit applied to the other object)
 
 
 def instance_accuracy(queries: torch.Tensor, bench: CIRBenchmark, feats: PartFeatures,
@@ -37,7 +44,7 @@ def instance_accuracy(queries: torch.Tensor, bench: CIRBenchmark, feats: PartFea
 
 
 def evaluate_box_anchoring(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures,
-                           ann: "AmbiguousAnnotations", grid: int,
+                           ann: BoxAnnotations, grid: int,
                            betas: Sequence[float] = (-4.0, -2.0, 0.0, 2.0, 4.0), min_cover: float = 0.25
                            ) -> dict[float, dict[str, float]]:
     """{beta: metrics} of a method that reads the attention bias (FoCo) on the ambiguous benchmark; beta = 0 is

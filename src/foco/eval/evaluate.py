@@ -5,8 +5,9 @@
                        EvalConfig(methods=("foco", "sum"), options=MethodOptions(checkpoint=ckpt)))
 
 The embedded world is a benchmark like the others; its parts can also read the caches that `foco features extract`
-wrote (`world_cache_features`). Chord rescoring is an option of ranking; slerp's alpha and Chord's lambda can be
-chosen on the val split of the same benchmark ("val"), through `EvalConfig.val`, a second source of parts.
+wrote (`foco.benchmarks.world.world_cache_features`, a `FeatureSource` like `cached_features`). Chord rescoring
+is an option of ranking; slerp's alpha and Chord's lambda can be chosen on the val split of the same benchmark
+("val"), through `EvalConfig.val`, a second source of parts.
 """
 from __future__ import annotations
 
@@ -58,31 +59,6 @@ def cached_features(backbone, cache: Path, extract: ExtractConfig = ExtractConfi
         cache_part(backbone, bench, folder, extract)
         return load_part(bench, folder)
     return source
-
-
-def world_cache_features(features: Path) -> FeatureSource:
-    """World parts' features from `features`/<split>-<protocol>, as `foco features extract` and the quickstart
-    write them."""
-    from ..benchmarks.world import world_features
-
-    def source(bench: CIRBenchmark) -> PartFeatures:
-        cache = Path(features) / f"{bench.split}-{label(bench.name)}"
-        if not (cache / "manifest.json").is_file():
-            raise ValueError(f"no features for {bench.name} {bench.split} in {cache}: `foco features extract "
-                             f"--split {bench.split}/{label(bench.name)} --out {cache} ...`")
-        return world_features(bench, cache)
-    return source
-
-
-def world_features_backbone(features: Path, split: str, protocols: tuple[str, ...] | None = None) -> str | None:
-    """The backbone spec recorded by the world caches of `split` under `features` (of `protocols` when given: the
-    first found), or None."""
-    from ..utils.io import read_json
-    names = [f"{split}-{p}" for p in protocols] if protocols else None
-    for manifest in sorted(Path(features).glob(f"{split}-*/manifest.json")):
-        if names is None or manifest.parent.name in names:
-            return read_json(manifest).get("backbone")
-    return None
 
 
 def val_parts(read_val: Callable[[], list[CIRBenchmark]], features: FeatureSource) -> ValSource:
@@ -150,10 +126,11 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
     if results["chosen"] and results["split"] == "val":
         from .report import CHOSEN_ON_SCORED_SPLIT
         results["chosen_on_scored_split"] = CHOSEN_ON_SCORED_SPLIT
-    mean = mean_over_parts(results["parts"])
+    averaged = all(b.protocol.parts_averaged for b in parts)
+    mean = mean_over_parts(results["parts"]) if averaged else {}
     if mean:
         results["mean"] = mean
-    merged = merge_parts(results["parts"])
+    merged = merge_parts(results["parts"], side_by_side=not averaged)
     if merged:
         results["methods"] = merged
     return results
@@ -225,9 +202,9 @@ def _chord(name: str, method: QueryMethod, bench: CIRBenchmark, feats: PartFeatu
 
 def mean_over_parts(parts: dict) -> dict[str, dict[str, float]]:
     """Unweighted mean over parts (FashionIQ categories, GeneCIS tasks), when there are several with the same
-    metrics; empty otherwise."""
+    metrics; empty otherwise. Only for parts whose protocol says they are averaged (`EvalProtocol.parts_averaged`)."""
     entries = list(parts.values())
-    if len(entries) < 2 or any(str(p).startswith("world/") for p in parts):  # world protocols are not categories
+    if len(entries) < 2:
         return {}
     out = {}
     for name in entries[0]["methods"]:
@@ -238,18 +215,19 @@ def mean_over_parts(parts: dict) -> dict[str, dict[str, float]]:
     return out
 
 
-def merge_parts(parts: dict) -> dict[str, dict[str, float]]:
+def merge_parts(parts: dict, side_by_side: bool = False) -> dict[str, dict[str, float]]:
     """One row per method across parts whose metrics have different names (the world's single and multi, or a
-    single part); empty when two parts report the same metric (their mean is `mean_over_parts`)."""
+    single part); empty when two parts report the same metric (their mean is `mean_over_parts`), unless the parts
+    are protocols reported `side_by_side` (`EvalProtocol.parts_averaged` False): then the later part's shared
+    metrics are labelled with its name."""
     out: dict[str, dict[str, float]] = {}
-    world = all(str(p).startswith("world/") for p in parts)
     for part, entry in parts.items():
         for name, metrics in entry["methods"].items():
             row = out.setdefault(name, {})
             if row.keys() & metrics.keys():
-                if not world:
+                if not side_by_side:
                     return {}
-                # the world's single and described share metric names: the later protocol's are labelled
+                # e.g. the world's single and described share metric names: the later protocol's are labelled
                 metrics = {f"{k} ({label(part)})": v for k, v in metrics.items()}
             row.update(metrics)
     return out
