@@ -105,3 +105,20 @@ def test_cuda_evaluation_gives_the_cpu_metrics(part, tmp_path):
     for name, metrics in results["cpu"].items():
         for key, value in metrics.items():
             assert results["cuda"][name][key] == pytest.approx(value, abs=flips), (name, key)
+
+
+def test_the_search_engine_composes_on_the_methods_device(four_image_index, tmp_path):
+    """`foco search` and `foco serve` compose through the engine: with FoCo's encoder on `meta`, the query batch goes
+    there (no op mixes it with the CPU), and only the meta query's copy back for FAISS fails (it has no values)."""
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    from foco.search.engine import Query, SearchEngine
+    torch.manual_seed(0)
+    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco")
+    engine = SearchEngine.open(four_image_index, checkpoint=tmp_path / "foco", device="cpu")
+    assert engine.search(Query("make it red", reference=1, k=2)).hits  # on the CPU it answers
+    method = engine._method("foco").to("meta")
+    assert {p.device.type for p in method.model.parameters()} == {"meta"}
+    mix = DeviceMix()
+    with pytest.raises((RuntimeError, NotImplementedError), match="meta"), mix:
+        engine.search(Query("make it red", reference=1, k=2))
+    assert mix.found == [], "\n".join(mix.found)

@@ -6,9 +6,10 @@ are hashed tensor by tensor and held against `data/same_checkpoints.json`, writt
 (`FOCO_WRITE_GOLDENS=1 pytest tests/test_same_checkpoints.py` writes it anew; do that only when a change is meant to
 change the numbers, and say so in the commit).
 
-Bit-identical is what the test asks on the machine kind the goldens were made on (the same torch, CPU model and
-kernel capability, one thread). Elsewhere the CPU's kernels may round differently (bf16 features, another SIMD
-width), so there the test checks every tensor's probe (its sum, absolute sum and first values) to 1e-4 instead, and
+Bit-identical is what the test asks on the machine kind the goldens were made on (the same torch, CPU model,
+kernel capability and native bf16, one thread). Elsewhere the CPU's kernels round differently (another SIMD width,
+and the shared features fixture in fp32 where bf16 is not native), so there the test checks every tensor's probe
+(its sum, absolute sum and first values) to 1 % instead, which a changed seed or order still fails by far, and
 says which check ran.
 """
 from __future__ import annotations
@@ -25,6 +26,7 @@ import torch
 from foco.cli import main
 
 GOLDENS = Path(__file__).parent / "data" / "same_checkpoints.json"
+PROBE_REL = 1e-2  # a changed seed, initialisation order or data order moves a probe by far more than this
 WEIGHTS = ("foco.safetensors", "pic2word.safetensors", "mapper.safetensors", "text.safetensors",
            "lincir.safetensors", "model.safetensors")
 
@@ -38,8 +40,10 @@ def _fingerprint() -> dict:
                 break
     except OSError:
         pass
+    from foco.utils.precision import native_bf16
     return {"torch": torch.__version__, "machine": platform.machine(), "cpu": model,
-            "capability": torch.backends.cpu.get_cpu_capability()}
+            "capability": torch.backends.cpu.get_cpu_capability(),
+            "native_bf16": native_bf16("cpu")}  # the shared features fixture is bf16 only where it is native
 
 
 def _digest(folder: Path) -> dict:
@@ -102,6 +106,6 @@ def test_every_trainer_saves_the_weights_it_saved_before_the_harness(tiny_world,
             w_ = want["runs"][name][key]
             if exact:
                 assert g["sha256"] == w_["sha256"], f"{name}: {key} is not bit-identical to the goldens"
-            else:
-                assert g["probe"] == pytest.approx(w_["probe"], rel=1e-4, abs=1e-4), f"{name}: {key} moved"
+            else:  # another CPU: other rounding, and fp32 features where bf16 is not native
+                assert g["probe"] == pytest.approx(w_["probe"], rel=PROBE_REL, abs=1e-4), f"{name}: {key} moved"
     print("bit-identical check" if exact else f"probe check (goldens made on {want['fingerprint']})")

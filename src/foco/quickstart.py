@@ -123,7 +123,7 @@ def run_quickstart(out: str | Path, size: str = "default", seed: int = 0, decomp
 
     t = _stage("evaluation")
     results = evaluate_world(world, plan.benchmark_split, feats, foco_dir, out / f"figures{suffix}", plan.figures,
-                             edits_dir)
+                             edits_dir, device)
     results = {"benchmark": f"world-{size}/{plan.benchmark_split}", "decomposer": decomposer, "seed": seed,
                "precision": precision, "backbone": backbone.spec, **results}
     timings["eval_s"] = time.time() - t
@@ -210,7 +210,7 @@ QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHOD
 
 
 def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, figures: Path, n_figures: int,
-                   foco_edits: Path | None = None) -> dict:
+                   foco_edits: Path | None = None, device: str = "cpu") -> dict:
     """FoCo, foco-edits (when given), slerp (alpha chosen on val) and the simple baselines on the world's `split`
     through the one evaluation path: {"protocols", "methods" (one row per method), "R@1_by_edit_type",
     "chosen_on_val" (slerp's alpha per protocol)}. Draws into `figures`: one query of each of `n_figures` edit
@@ -219,7 +219,7 @@ def evaluate_world(world: Path, split: str, features: Path, checkpoint: Path, fi
     methods = tuple(m for m in QUICKSTART_METHODS if m != "foco-edits" or foco_edits is not None)
     cache = world_cache_features(features)
     cfg = EvalConfig(methods=methods, options=MethodOptions(checkpoint=checkpoint, foco_edits=foco_edits,
-                                                            slerp_alpha="val"),
+                                                            slerp_alpha="val", device=device),
                      by_category=True, val=val_parts(lambda: read_world(world, "val"), cache))
     answers: dict[str, dict[int, tuple[list[str], object]]] = {}  # method -> query -> (top-5 ids, attention)
     shown: list[int] = []

@@ -81,7 +81,7 @@ def run_ablation(cfg: AblateConfig) -> dict:
                    device=device)
     _check_settings(out, cfg, manifest["backbone"], base.precision)
     backbone = create_backbone(manifest["backbone"], device)
-    data = _Data(cfg, backbone, train_features, manifest.get("precision", "fp32"), plan.edits)
+    data = _Data(cfg, backbone, train_features, manifest.get("precision", "fp32"), plan.edits, device)
     t0, todo = time.time(), [(v, s) for s in cfg.seeds for v in cfg.variants]
     for n, (variant, seed) in enumerate(todo, 1):
         where = f"[{n}/{len(todo)}] {cfg.recipe} {variant.name} seed {seed}"
@@ -96,7 +96,8 @@ class _Data:
     """The training data of every variant, built once: the pair tables (by decomposer, subset to --pairs) and,
     for the edits recipe, the edit triplets (by feature cache)."""
 
-    def __init__(self, cfg: AblateConfig, backbone, train_features: Path, feature_precision: str, edit_plan):
+    def __init__(self, cfg: AblateConfig, backbone, train_features: Path, feature_precision: str, edit_plan,
+                 device: str = "cpu"):
         self.cfg, self.backbone, self.edit_plan = cfg, backbone, edit_plan
         self.features = {"oracle": train_features}
         self.feature_precision = feature_precision
@@ -104,7 +105,7 @@ class _Data:
         self.tables: dict[str, object] = {}
         self.edits: dict[str, object] = {}
         self.keep: set[str] | None = None
-        self.benchmark = _Benchmark(cfg.world, cfg.features, cfg.split, cfg.protocols)
+        self.benchmark = _Benchmark(cfg.world, cfg.features, cfg.split, cfg.protocols, device)
 
     def _decompositions(self, decomposer: str) -> dict:
         from ..world.decompositions import world_decompositions
@@ -213,10 +214,11 @@ def _trained(folder: Path, stage3: bool) -> bool:
 class _Benchmark:
     """The world's `split` and its features, read once and shared by every checkpoint's evaluation."""
 
-    def __init__(self, world: Path, features: Path, split: str, protocols: tuple[str, ...] = ("single", "multi")):
-        from ..benchmarks.world import read_world
-        from ..benchmarks.world import world_cache_features
+    def __init__(self, world: Path, features: Path, split: str, protocols: tuple[str, ...] = ("single", "multi"),
+                 device: str = "cpu"):
+        from ..benchmarks.world import read_world, world_cache_features
         self.parts, self._source = read_world(world, split, protocols), world_cache_features(features)
+        self.device = device  # where each checkpoint composes and ranks
         self._features = {}
 
     def sources(self) -> dict[str, dict]:
@@ -234,7 +236,8 @@ class _Benchmark:
         from ..eval.evaluate import EvalConfig, evaluate
         from ..methods import MethodOptions
         res = evaluate(self.parts, self.features, EvalConfig(methods=("foco",), by_category=True,
-                                                             options=MethodOptions(checkpoint=checkpoint)))
+                                                             options=MethodOptions(checkpoint=checkpoint,
+                                                                                   device=self.device)))
         by_type = {part: e["R@1_by_category"]["foco"] for part, e in res["parts"].items()
                    if "R@1_by_category" in e}
         return {**res["methods"]["foco"], "R@1_by_category": by_type}  # per edit type, per protocol

@@ -15,7 +15,8 @@ def _common(a: argparse.Namespace):
     from ..train.sources import edit_records, training_data
     check_resume(a)
     from ..train.distributed import env_from_torchrun, init_distributed
-    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pact ...
+    # torchrun ... -m foco pact ...: the run's context, made once and passed down
+    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
     start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     data = training_data(a.features)  # their features' cache (or corpus): the edit table joins them
     spec = a.backbone or data.backbone_spec

@@ -13,7 +13,8 @@ def _lincir_train(a: argparse.Namespace) -> int:
     from ..train.lincir import LinCIRTrainConfig, lincir_captions, train_lincir
     from ..world.generate import world_fingerprint
     captions = lincir_captions(a.world, a.split, a.add_decompositions)
-    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco lincir
+    # torchrun ... -m foco lincir: the run's context, made once and passed down
+    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
     resume = start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     cfg = LinCIRTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                             allow_changed=tuple(a.allow_changed))

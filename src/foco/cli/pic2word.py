@@ -19,7 +19,8 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     check_same_backbone(spec, "--backbone", cache.backbone, f"the features in {a.features}",
                         f"leave --backbone out (the features' {cache.backbone['spec']}), or extract features with it")
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
-    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco pic2word
+    # torchrun ... -m foco pic2word: the run's context, made once and passed down
+    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
     resume = start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                               optimizer=a.optimizer, allow_changed=tuple(a.allow_changed),

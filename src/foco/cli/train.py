@@ -84,7 +84,8 @@ def _train(a: argparse.Namespace) -> int:
     data = training_data(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback,
                          online=a.online, backbone=a.backbone, workers=a.workers)  # the kind, chosen once
     from ..train.distributed import env_from_torchrun, init_distributed, shutdown
-    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)  # torchrun ... -m foco train
+    # torchrun ... -m foco train: the run's context, made once and passed down
+    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
     resume = start_or_continue(a, env)
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,

@@ -121,8 +121,7 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
             results["parts"][bench.name] = entry
     finally:
         for method in fixed.values():
-            if hasattr(method, "close"):
-                method.close()
+            method.close()
     if results["chosen"] and results["split"] == "val":
         from .report import CHOSEN_ON_SCORED_SPLIT
         results["chosen_on_scored_split"] = CHOSEN_ON_SCORED_SPLIT

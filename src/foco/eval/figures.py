@@ -35,7 +35,7 @@ class FigureRow:
 def attention_map(attention: torch.Tensor, side: int) -> np.ndarray:
     """The (P,) attention reshaped to its square grid, min-max scaled and resized to (side, side) in [0, 1]."""
     g = int(round(attention.numel() ** 0.5))
-    a = attention.detach().float().reshape(g, g).numpy()
+    a = attention.detach().float().cpu().reshape(g, g).numpy()
     a = (a - a.min()) / max(float(a.max() - a.min()), 1e-8)
     heat = Image.fromarray((a * 255).astype(np.uint8), "L").resize((side, side), Image.BICUBIC)
     return np.asarray(heat, dtype=np.float32) / 255.0

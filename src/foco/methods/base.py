@@ -134,6 +134,9 @@ class QueryMethod:
         """The trained modules `to` moves (none for the training-free methods)."""
         return []
 
+    def close(self) -> None:
+        """Releases what the method holds open (a decomposer's server connection); nothing by default."""
+
     def to(self, device: str | torch.device) -> "QueryMethod":
         for module in self.modules():
             module.to(device)

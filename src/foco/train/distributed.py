@@ -89,10 +89,17 @@ def init_distributed(env: RunContext, backend: str | None = None, timeout_s: flo
 def context(device: str | torch.device | None = None, seed: int = 0, out: str | os.PathLike | None = None
             ) -> RunContext:
     """The context of a run started from the library without one: the process group this process joined (one
-    process when none), on `device` (None: the CPU)."""
+    process when none), on `device`. None: the group's own device, read from torch (nccl: the GPU
+    `init_distributed` made current; gloo: the CPU), and the CPU without a group."""
     from ..utils.device import resolve_device
-    dev = str(resolve_device(device)) if device is not None else "cpu"
-    if dist.is_available() and dist.is_initialized():
+    grouped = dist.is_available() and dist.is_initialized()
+    if device is not None:
+        dev = str(resolve_device(device))
+    elif grouped and dist.get_backend() == "nccl":
+        dev = f"cuda:{torch.cuda.current_device()}"
+    else:
+        dev = "cpu"
+    if grouped:
         return RunContext(dist.get_rank(), dist.get_world_size(), dev).for_run(seed, out)
     return RunContext(device=dev).for_run(seed, out)
 

@@ -15,7 +15,7 @@ import torch
 
 from .data import TrainingPairs
 from .distributed import DistEnv, RunContext, context, ddp, gather_rows, rank_slice
-from .harness import Plan, train_run
+from .harness import Plan, check_out, train_run
 from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
 from .losses import Columns, foco_losses, local_columns, plan_negatives, plan_on
 from ..model import ComposedQueryEncoder, FoCoConfig
@@ -57,7 +57,7 @@ class FoCoTrainConfig:
     seed: int = 0
     precision: str = "fp32"  # "bf16" (autocast) or "auto" (bf16 where native): foco.utils.precision
     compile: str | None = None  # torch.compile backend of the losses' forward ("inductor" for GPUs); None: eager
-    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's (`context`)
     model: FoCoConfig = field(default_factory=FoCoConfig)
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded per phase
 
@@ -183,10 +183,11 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
     """
     if cfg.stage3_epochs > 0 and edits is None:
         raise ValueError("stage 3 (--stage3-epochs) trains on edits: pass --edits STORE")
+    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
+    check_out(ctx, resume)
     _check_ablations(cfg)
     cfg = replace(cfg, model=replace(cfg.model, dim=table.dim))
     table = _with_pairs(table, cfg)
-    ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
 
     def build(ctx: RunContext) -> Plan:
         gen = torch.Generator().manual_seed(cfg.seed)  # the negatives: drawn on the CPU, the same on every device

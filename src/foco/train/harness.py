@@ -31,16 +31,22 @@ class Plan:
     on_step: OnStep | None = None
 
 
+def check_out(ctx: RunContext, resume: bool) -> None:
+    """`resume=False` refuses an output folder that holds a run. `train_run` checks it; a trainer whose
+    preparation is costly (parsing captions, joining tables) calls it first too, so that a refusal costs nothing."""
+    if ctx.out is None:
+        raise ValueError("a training run needs an output folder (RunContext.out)")
+    refuse_overwrite(Path(ctx.out), resume, "continue it (resume=True; every foco training command continues a "
+                                            "run by default) or choose another output folder")
+
+
 def train_run(ctx: RunContext, build: Callable[[RunContext], Plan], resume: bool, refuse: bool = True) -> Plan:
     """Runs the trainer that `build` declares, in `ctx.out` with `ctx.seed` on `ctx`'s device and ranks, and returns
     its plan (its `model` trained, in eval mode). `resume=False` refuses a folder that holds a run (`refuse`);
     `resume=True` continues it where it left off."""
-    if ctx.out is None:
-        raise ValueError("a training run needs an output folder (RunContext.out)")
-    out = Path(ctx.out)
     if refuse:
-        refuse_overwrite(out, resume, "continue it (resume=True; every foco training command continues a run by "
-                                      "default) or choose another output folder")
+        check_out(ctx, resume)
+    out = Path(ctx.out)
     torch.manual_seed(ctx.seed)
     rng = np.random.default_rng(ctx.seed)
     plan = build(ctx)

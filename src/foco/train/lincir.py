@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..methods.lincir import LinCIRConfig, LinCIRPhi
 from .distributed import DistEnv, RunContext, context, ddp, rank_slice
-from .harness import Plan, train_run
+from .harness import Plan, check_out, train_run
 from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
 
 KEYWORD_POS = frozenset({"NOUN", "PROPN", "ADJ", "DET"})  # loader.py's extract_keywords_spacy
@@ -151,6 +151,7 @@ def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: st
         raise ValueError("LinCIR trains on captions: none were given")
     cfg = replace(cfg, model=replace(cfg.model, embed_dim=int(backbone.embed_dim), token_dim=int(backbone.token_dim)))
     ctx = (ctx or context(cfg.device)).for_run(cfg.seed, out)
+    check_out(ctx, resume)  # before parsing every caption
     if nlp is None:
         from ..decompose.rule import load_spacy
         nlp = load_spacy()

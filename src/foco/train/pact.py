@@ -69,7 +69,7 @@ class PACTTrainConfig:
     mapper_init: str | None = None  # a Pic2Word checkpoint folder to start the mapper from
     max_steps: int | None = None
     seed: int = 0
-    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's (`context`)
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
     text: TextTuneConfig = field(default_factory=TextTuneConfig)

@@ -27,7 +27,7 @@ class Pic2WordTrainConfig:
     temperature: float | None = None  # tau of the loss; None: the backbone's own learned one (CLIP's ~0.01)
     max_steps: int | None = None  # stop early (smoke tests)
     seed: int = 0
-    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's (`context`)
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
 

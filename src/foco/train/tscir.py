@@ -65,7 +65,7 @@ class TSCIRTrainConfig:
     temperature: float | None = None  # None: the backbone's own
     max_steps: int | None = None
     seed: int = 0
-    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's
+    device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's (`context`)
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded
     model: Pic2WordConfig = field(default_factory=Pic2WordConfig)
     text: TextTuneConfig = field(default_factory=TextTuneConfig)

@@ -48,11 +48,6 @@ def resolve_device(spec: str | torch.device | None = "auto") -> torch.device:
     return device
 
 
-def resolved(spec: str | torch.device | None) -> str | None:
-    """`resolve_device(spec)` as a string; None stays None (a trainer then takes the process group's device)."""
-    return None if spec is None else str(resolve_device(spec))
-
-
 def is_cuda(device: torch.device | str) -> bool:
     return torch.device(device).type == "cuda"
 
