@@ -2,6 +2,7 @@
 import copy
 import json
 import math
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -90,6 +91,40 @@ def test_resume_reaches_the_same_weights(tmp_path, stop_after):
     assert [(r["stage"], r["epoch"]) for r in log] == [(1, 1), (1, 2), (2, 1), (2, 2), (2, 3)]
     assert list(log[0]) == ["stage", "epoch", "loss", "double", "seen", "elapsed_s"]
     assert [r["seen"] for r in log] == [3, 6, 9, 12, 15]
+
+
+def _lines(path: Path, drop=("elapsed_s",)) -> list[dict]:
+    return [{k: v for k, v in json.loads(line).items() if k not in drop} for line in path.read_text().splitlines()]
+
+
+@pytest.mark.parametrize("torn", [False, True])
+def test_a_run_killed_between_its_logs_and_its_state_logs_every_epoch_once(tmp_path, monkeypatch, torn):
+    """The epoch's lines are appended, then the state is saved: a kill between the two (here: the second save
+    fails) leaves lines of an epoch the resumed run trains again. Resume cuts the logs back to the sizes the saved
+    state records, so the logs equal an uninterrupted run's, torn last line included."""
+    import foco.train.loop as loop
+    _run(tmp_path / "straight")
+    real, calls = loop.save_training_state, []
+
+    def killed_on_the_second_save(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:
+            raise _Killed
+        return real(*args, **kwargs)
+    monkeypatch.setattr(loop, "save_training_state", killed_on_the_second_save)
+    _run(tmp_path / "killed")  # `_run` takes the kill as it takes any other
+    assert len(calls) == 2
+    monkeypatch.setattr(loop, "save_training_state", real)
+    killed = tmp_path / "killed"
+    assert [(r["stage"], r["epoch"]) for r in _lines(killed / "train_log.jsonl")] == [(1, 1), (1, 2)]  # 2 unsaved
+    if torn:
+        with (killed / "train_steps.jsonl").open("a") as f:
+            f.write('{"step": 6, "sta')  # killed mid-line
+    resumed = _run(killed, resume=True)
+    for a, b in zip(_run(tmp_path / "again").state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    for name in ("train_log.jsonl", "train_steps.jsonl"):
+        assert _lines(killed / name) == _lines(tmp_path / "straight" / name), name
 
 
 def test_each_phase_has_its_own_schedule_and_on_step_counts_globally(tmp_path):

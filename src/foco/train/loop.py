@@ -162,6 +162,8 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
         _check_identity(out / "train_state", _identity(phases, totals_n, cfg))
         history, pending = _check_settings(out / "train_state", cfg, phases, _saved_phase(out / "train_state", phases))
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
+        if cfg.env.is_main:
+            cut_logs(out)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     plotted = [float("-inf")]  # when the loss curve was last drawn (never: the first epoch draws it)
@@ -196,12 +198,38 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
     if pending:  # changes to phases that trained no step now (e.g. fewer epochs): recorded where the run stands
         saved = read_json(out / "train_state" / STATE_JSON)["progress"] if has_training_state(out / "train_state") \
             else {}
-        at = {k: v for k, v in saved.items() if k not in ("identity", "settings")}
+        at = {k: v for k, v in saved.items() if k not in ("identity", "settings", "logs")}
         history["changes"] += [{"at": {**at, "trained": "no step after it"}, "changed": pending.pop(j)}
                                for j in sorted(pending)]
         if cfg.env.is_main and has_training_state(out / "train_state"):
             _record_history(out / "train_state", history)
     return history
+
+
+LOGS = ("train_log.jsonl", "train_steps.jsonl")  # appended each epoch, then the state records their sizes
+
+
+def _log_sizes(out: Path) -> dict[str, int]:
+    return {name: (out / name).stat().st_size if (out / name).is_file() else 0 for name in LOGS}
+
+
+def cut_logs(out: str | Path) -> dict[str, int]:
+    """Cuts each log back to the size the saved state records: the lines of an epoch whose state was never saved
+    (a run stopped between appending them and saving, or mid-line) are removed, so that the resumed run writes
+    that epoch once. Returns {log: bytes removed} (nothing for a state written before sizes were recorded)."""
+    out = Path(out)
+    sizes = read_json(out / "train_state" / STATE_JSON)["progress"].get("logs") or {}
+    removed = {}
+    for name, size in sizes.items():
+        path = out / name
+        if name in LOGS and path.is_file() and path.stat().st_size > int(size):
+            removed[name] = path.stat().st_size - int(size)
+            with path.open("r+b") as f:
+                f.truncate(int(size))
+    if removed:
+        log.info("cut back %s to the saved state (an epoch logged but not saved)",
+                 ", ".join(f"{n} by {b} bytes" for n, b in removed.items()))
+    return removed
 
 
 def _record_history(state_dir: Path, history: dict) -> None:
@@ -419,10 +447,12 @@ def _check_finite(values: dict[str, float], grad_norm: float, cfg: LoopConfig, d
 def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rng: np.random.Generator,
                generator: torch.Generator | None, cfg: LoopConfig, rec: dict, progress: dict,
                steps: list[dict], plotted: list[float] | None = None, last: bool = True) -> None:
-    """Appends the epoch's record (train_log.jsonl) and its steps' losses (train_steps.jsonl), saves the state and
-    redraws the curve: after the run's last epoch, and otherwise at most every PLOT_EVERY_S (drawing takes a few
-    tenths of a second, more than a short epoch). A run killed mid-epoch repeats that epoch on resume, and its
-    steps were never written. Data-parallel: rank 0 writes (atomically), the others wait for it."""
+    """Appends the epoch's record (train_log.jsonl) and its steps' losses (train_steps.jsonl), saves the state with
+    the logs' sizes, and redraws the curve: after the run's last epoch, and otherwise at most every PLOT_EVERY_S
+    (drawing takes a few tenths of a second, more than a short epoch). A run killed mid-epoch repeats that epoch on
+    resume, and its steps were never written; one killed after the logs but before the state has its logs cut back
+    to the state's sizes on resume (`cut_logs`), so every epoch is logged once. Data-parallel: rank 0 writes
+    (atomically), the others wait for it."""
     if not cfg.env.is_main:
         barrier(cfg.env)
         return
@@ -431,7 +461,7 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
         f.write(json.dumps(rec) + "\n")
     with (out / "train_steps.jsonl").open("a") as f:
         f.write("".join(json.dumps(r) + "\n" for r in steps))
-    save_training_state(out / "train_state", model, opt, rng, progress,
+    save_training_state(out / "train_state", model, opt, rng, {**progress, "logs": _log_sizes(out)},
                         extra_tensors=None if generator is None else {"generator": generator.get_state()})
     due = plotted is None or last or time.monotonic() - plotted[0] >= PLOT_EVERY_S
     if cfg.plot_keys and due:
