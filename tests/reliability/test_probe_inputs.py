@@ -219,6 +219,44 @@ def test_every_writing_command_refuses_a_folder_it_did_not_write(command, tiny_w
     assert (folder / "notes.txt").read_text() == "the user's own file\n"
 
 
+def _kind_of(argv) -> str:
+    a = build_parser().parse_args([str(x) for x in argv])
+    (kind,) = {k for _, _, _, k in a._owned}
+    return kind
+
+
+@pytest.mark.parametrize("command", sorted(WRITING))
+@pytest.mark.parametrize("recorded", [True, False])  # an owner file that records the kind, or an older folder
+def test_every_writing_command_refuses_another_kind_of_artifact_for_that_reason(command, recorded, tiny_world,
+                                                                                train_features, tmp_path, capsys):
+    """Issue 42 item 7: a folder of another kind (a FoCo checkpoint; for `train`, a Pic2Word mapper) is refused,
+    with or without --force, naming what it holds and what the command writes; nothing is written into it."""
+    import json
+    from foco.utils.ownership import MARKER, mark_folder
+    folder = tmp_path / "other"
+    folder.mkdir()
+    kind = _kind_of(WRITING[command](tiny_world, train_features, folder))
+    other, record = ("Pic2Word mapper", "pic2word.json") if kind == "FoCo checkpoint" else \
+        ("FoCo checkpoint", "foco.json")
+    (folder / record).write_text(json.dumps({"model": {}}) + "\n")
+    if recorded:
+        mark_folder(folder, "some command", other)
+    before = sorted(p.name for p in folder.iterdir())
+    for force in ([], ["--force"]):
+        argv = [*WRITING[command](tiny_world, train_features, folder), *force]
+        _fails(argv, capsys, f"holds a {other}", f"writes a {kind}", "choose another --out")
+        assert sorted(p.name for p in folder.iterdir()) == before
+    assert recorded == (MARKER in before)
+
+
+def test_a_folder_records_the_kind_its_command_wrote(tiny_world, tmp_path):
+    from foco.utils.ownership import folder_kind
+    from foco.cli import main
+    out = tmp_path / "w"
+    assert main(["world", "ambiguous", "--world", str(tiny_world), "--out", str(out), "--queries", "2"]) == 0
+    assert json.loads((out / ".foco-owner.json").read_text())["kind"] == "world" == folder_kind(out)
+
+
 def test_a_folder_an_earlier_foco_wrote_is_still_resumed(tiny_world, train_features, tmp_path):
     """Folders from before the owner file (their signature file) resume without --force."""
     from foco.utils.ownership import MARKER, check_folder

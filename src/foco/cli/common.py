@@ -66,25 +66,28 @@ def nonneg_int(v: str) -> int:
 
 
 def add_owned_output(p: argparse.ArgumentParser, dest: str = "out", signature: tuple[str, ...] = (),
-                     flag: str | None = None) -> None:
+                     flag: str | None = None, kind: str | None = None) -> None:
     """Declares that the folder of `dest` is written by this command: `foco.cli.main` claims it before the command
-    runs, refusing a non-empty folder foco did not write (`foco.utils.ownership`) unless --force. `signature`: files
-    by which a folder an earlier foco wrote is recognised (e.g. world.json)."""
+    runs, refusing a non-empty folder foco did not write (`foco.utils.ownership`) unless --force, and a folder of
+    another `kind` of artifact (`ownership.KINDS`) always. `signature`: files by which a folder an earlier foco wrote
+    is recognised (e.g. world.json)."""
     if not any("--force" in a.option_strings for a in p._actions):
         p.add_argument("--force", action="store_true",
                        help="write into an output folder that holds files foco did not write (they are left as they "
                             "are; an output of the same name is replaced)")
     flag = flag or f"--{dest.replace('_', '-')}"
-    p.set_defaults(_owned=[*(p.get_default("_owned") or []), (dest, tuple(signature), flag)])
+    p.set_defaults(_owned=[*(p.get_default("_owned") or []), (dest, tuple(signature), flag, kind)])
 
 
 def check_outputs(a: argparse.Namespace) -> None:
     """Refuses, before the command writes anything, an output folder it declared (`add_owned_output`) that holds
     files foco did not write (unless --force)."""
-    from ..utils.ownership import check_folder, is_empty_or_owned
+    from ..utils.ownership import check_folder, check_kind, is_empty_or_owned
     a._foreign = set()
-    for dest, signature, flag in getattr(a, "_owned", None) or []:
+    for dest, signature, flag, kind in getattr(a, "_owned", None) or []:
         if getattr(a, dest, None):
+            if kind:
+                check_kind(getattr(a, dest), kind, _command(a), flag)
             if not is_empty_or_owned(getattr(a, dest), signature):
                 a._foreign.add(dest)  # entered with --force: it stays the user's (never marked as foco's)
             check_folder(getattr(a, dest), signature, getattr(a, "force", False), flag)
@@ -93,15 +96,18 @@ def check_outputs(a: argparse.Namespace) -> None:
 def mark_outputs(a: argparse.Namespace) -> None:
     """After the command (finished or stopped): marks each declared output folder it created as foco's."""
     from ..utils.ownership import mark_folder
-    command = " ".join(str(getattr(a, k)) for k in ("command", "action") if getattr(a, k, None))
-    for dest, _, _ in getattr(a, "_owned", None) or []:
+    for dest, _, _, kind in getattr(a, "_owned", None) or []:
         if dest in getattr(a, "_foreign", ()):
             continue
         if getattr(a, dest, None) and Path(getattr(a, dest)).is_dir():
             try:
-                mark_folder(getattr(a, dest), command)
+                mark_folder(getattr(a, dest), _command(a), kind)
             except OSError:
                 pass  # a read-only folder: the command has said so
+
+
+def _command(a: argparse.Namespace) -> str:
+    return " ".join(str(getattr(a, k)) for k in ("command", "action") if getattr(a, k, None))
 
 
 def input_record(path: str | Path | None, **extra) -> dict:

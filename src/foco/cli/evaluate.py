@@ -117,7 +117,8 @@ def _eval(a: argparse.Namespace) -> int:
         backbone = create_backbone(spec, device=device)
     features, val = _sources(a, name, root, split, options, spec, backbone)
     cfg = EvalConfig(methods=methods, chord=float_or_val(a.chord, "--chord"), chord_shortlist=a.chord_shortlist,
-                     val=val, by_category=a.by_category, options=method_options.replace(backbone=backbone, device=device),
+                     val=val, by_category=a.by_category,
+                     options=method_options.replace(backbone=backbone, device=device),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else
                                                               Path("runs") / "submissions")))
     results = evaluate(parts, features, cfg, backbone_spec=a.backbone if a.features else spec)

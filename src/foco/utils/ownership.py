@@ -9,7 +9,10 @@ files share names with a dataset's (exports), every file foco wrote there. The r
 - any other non-empty folder is refused, naming a few of its files, unless `--force` is given: then foco writes
   its outputs beside them;
 - a named output that exists but foco did not write (not listed in the owner file) is refused unless `--force`,
-  so that an export pointed at a real dataset folder never replaces its annotations.
+  so that an export pointed at a real dataset folder never replaces its annotations;
+- a folder holds one kind of artifact (`KINDS`: a world, a FoCo checkpoint, a feature cache, ...), which its owner
+  file records; a command writes only into its own kind, and a folder of another kind is refused for that reason,
+  with or without `--force` (a folder an older foco wrote, without a recorded kind, is known by its files).
 
 No command deletes or rewrites a file outside its own outputs, with or without `--force`.
 """
@@ -21,6 +24,51 @@ from pathlib import Path
 from typing import Iterable
 
 MARKER = ".foco-owner.json"
+
+# Each kind of output folder and the files by which a folder of that kind is recognised (`owned`'s signatures,
+# without what several kinds share, such as a training state).
+KINDS: dict[str, tuple[str, ...]] = {
+    "world": ("world.json:counts", ".generating.json"),
+    "FoCo checkpoint": ("foco.json:model",),
+    "Pic2Word mapper": ("pic2word.json:model",),
+    "LinCIR phi": ("lincir.json:model",),
+    "text composer (PACT, TSCIR)": ("composer.json:mapper",),
+    "world backbone": ("config.json:weights_sha256",),
+    "feature cache": ("manifest.json:shard_size", "corpus.json:parts"),
+    "search index": ("index.json:format_version",),
+    "ablation run": ("ablate.json", "ablations.json"),
+    "quickstart run": ("backbone.json:backbone", "world/world.json:counts"),
+    "world export": ("world_export.*.json",),
+}
+
+
+def folder_kind(folder: str | Path) -> str | None:
+    """The kind of artifact `folder` holds: the one its owner file records, else the one its files show (a folder
+    an older foco wrote), else None (empty, or nothing foco knows)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return None
+    recorded = _read(folder).get("kind")
+    if isinstance(recorded, str) and recorded in KINDS:
+        return recorded
+    return next((kind for kind, sigs in KINDS.items() if any(_matches(folder, s) for s in sigs)), None)
+
+
+def check_kind(folder: str | Path, kind: str, command: str, flag: str = "--out") -> None:
+    """Refuses a `folder` of foco's that holds another kind of artifact than `kind`, the one `command` writes: the
+    true reason, before anything is written (`--force` does not lift it: foco never mixes two artifacts in a
+    folder). A user's folder that foco wrote into with --force stays the user's: `check_folder` speaks for it."""
+    if kind not in KINDS:
+        raise ValueError(f"unknown artifact kind {kind!r}; known: {', '.join(KINDS)}")
+    meta = _read(Path(folder))
+    if meta and not meta.get("command"):  # a user's folder, written into with --force
+        return
+    have = folder_kind(folder)
+    if have is not None and have != kind:
+        writer = _read(Path(folder)).get("command")
+        by = f" (written by `foco {writer}`)" if writer else ""
+        raise FileExistsError(f"{flag} {folder} holds a {have}{by}; `foco {command}` writes a {kind}: choose another "
+                              f"{flag}")
 
 
 def _read(folder: Path) -> dict:
@@ -79,15 +127,19 @@ def is_empty_or_owned(folder: str | Path, signature: Iterable[str] = ()) -> bool
     return not [p for p in folder.iterdir() if p.name != MARKER] or owned(folder, signature)
 
 
-def mark_folder(folder: str | Path, command: str) -> None:
-    """Writes the owner file into an existing `folder` that has none (after a command created it)."""
+def mark_folder(folder: str | Path, command: str, kind: str | None = None) -> None:
+    """Writes the owner file into an existing `folder` that has none (after a command created it), with the kind
+    of artifact it holds; an owner file without a kind gets `kind`."""
     from .io import _write_failed
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
         meta = _read(folder)
         if not meta.get("command"):
-            _write(folder, {"owner": "foco", "files": [], **meta, "command": command})
+            _write(folder, {"owner": "foco", "files": [], **meta, "command": command,
+                            **({"kind": kind} if kind else {})})
+        elif kind and not meta.get("kind"):
+            _write(folder, {**meta, "kind": kind})
     except OSError as exc:
         raise _write_failed(folder / MARKER, exc) from None
 
