@@ -288,6 +288,28 @@ def test_a_store_is_never_written_into_another_applications_database(tmp_path, c
         assert [n for (n,) in c.execute("SELECT name FROM sqlite_master WHERE type='table'")] == ["users"]
 
 
+def test_a_store_of_another_kind_is_refused_for_that_reason(tiny_world, tmp_path, capsys):
+    """Issue 42 item 7 (stores): `edits generate --out` a decomposition store, and `decompose --out` an edit store,
+    are refused naming the store's kind; neither store gains the other's tables."""
+    import sqlite3
+    caps = tmp_path / "c.csv"
+    caps.write_text("id,caption\n1,a red square on a beach\n")
+    dec, edits = tmp_path / "d.sqlite", tmp_path / "e.sqlite"
+    assert main(["decompose", "--in", str(caps), "--decomposer", "rule", "--out", str(dec)]) == 0
+    assert main(["edits", "generate", "--in", str(tiny_world), "--out", str(edits), "--limit", "3"]) == 0
+    capsys.readouterr()
+
+    def tables(db):
+        with sqlite3.connect(db) as c:
+            return sorted(n for (n,) in c.execute("SELECT name FROM sqlite_master WHERE type='table'"))
+    before = tables(dec), tables(edits)
+    _fails(["edits", "generate", "--in", tiny_world, "--out", dec, "--limit", "3"], capsys,
+           "is a foco decomposition store, not an edit store", "choose another --out")
+    _fails(["decompose", "--in", caps, "--decomposer", "rule", "--out", edits], capsys,
+           "is a foco edit store, not a decomposition store")
+    assert (tables(dec), tables(edits)) == before
+
+
 # --- class 6: index consistency -----------------------------------------------------------------------------------
 
 @pytest.fixture()

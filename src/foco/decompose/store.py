@@ -100,14 +100,27 @@ def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
         raise WriteError(f"cannot create {path}: the folder is not writable; choose a writable --out") from exc
 
 
+# Every kind of foco store and the tables only it holds (`settings` and `runs` are every kind's): a store of one
+# kind is never given another kind's tables.
+STORE_TABLES = {"decomposition store": {"decompositions"}, "edit store": {"sources", "triplets"},
+                "image index store": {"images", "state", "removed"}}
+SHARED_TABLES = {"settings", "runs"}
+
+
 def _check_own(db: sqlite3.Connection, path: Path, schema: str, what: str) -> None:
     """An existing SQLite file is written into only when it is empty or a store of this kind (it holds one of the
-    schema's own tables besides `settings`): another application's database, or a store of another kind, is
-    never given foco's tables."""
+    schema's own tables): another application's database, or a store of another kind (`STORE_TABLES`), is never
+    given foco's tables, and the refusal says which it is."""
     import re
     have = {n for (n,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-    mine = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema)) - {"settings"}
-    if have and not have & mine:
+    mine = set(re.findall(r"CREATE TABLE IF NOT EXISTS (\w+)", schema)) - SHARED_TABLES
+    other = next((kind for kind, tables in STORE_TABLES.items() if kind != what and have & tables), None)
+    if other is not None:
+        db.close()
+        article = "an" if what[0] in "aeiou" else "a"
+        raise StoreError(f"{path} is a foco {other}, not {article} {what}; choose another --out (nothing was written "
+                         "to it)")
+    if have - SHARED_TABLES and not have & mine:
         db.close()
         raise StoreError(f"{path} is not a foco {what}: it is a SQLite database with the tables "
                          f"{', '.join(sorted(have)[:5])}; choose another --out (nothing was written to it)")
