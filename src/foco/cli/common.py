@@ -7,13 +7,25 @@ from pathlib import Path
 
 
 def _int_at_least(v: str, least: int, refusal: str) -> int:
+    """An integer in ASCII digits, at least `least` and within int64 (`foco.utils.parse`, the server's rule too)."""
+    from ..utils.parse import INT64, ascii_integer
     try:
-        n = int(v)
+        n = ascii_integer(v)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not an integer") from None
+        raise argparse.ArgumentTypeError(f"{v!r} is not an integer within [{INT64[0]}, {INT64[1]}] in ASCII "
+                                         "digits") from None
     if n < least:
         raise argparse.ArgumentTypeError(f"{n} {refusal}")
     return n
+
+
+def seed_int(v: str) -> int:
+    """argparse type: a seed, an integer in [0, 2**32 - 1] (`foco.utils.parse.MAX_SEED`)."""
+    from ..utils.parse import MAX_SEED, ascii_integer
+    try:
+        return ascii_integer(v, 0, MAX_SEED)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a seed (an integer from 0 to {MAX_SEED})") from None
 
 
 def _float(v: str, ok, refusal: str) -> float:
@@ -145,10 +157,10 @@ def setting_list(v: str) -> list[str]:
     return names
 
 
-def float_or_val(v: str | None, flag: str) -> float | str | None:
-    """A finite number, or "val" (choose it on the val split), or None."""
+def float_or_val(v: str | None, flag: str, lo: float = -math.inf, hi: float = math.inf) -> float | str | None:
+    """A finite number in [lo, hi], or "val" (choose it on the val split), or None."""
     from ..utils.parse import number_or_word
-    return None if v is None else number_or_word(v, "val", flag)
+    return None if v is None else number_or_word(v, "val", flag, lo, hi)
 
 
 def flag_dest(flag: str) -> str:

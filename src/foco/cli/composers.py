@@ -5,7 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_device_arg, add_owned_output, nonneg_float, nonneg_int, positive_float, positive_int
+from .common import add_device_arg, add_owned_output, nonneg_float, nonneg_int, positive_float, positive_int, seed_int
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
@@ -105,7 +105,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank (hf text tower)")
     p.add_argument("--lora-alpha", type=positive_float, default=16.0, help="LoRA alpha (hf text tower)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     add_resume_args(p)
     add_allow_changed(p)
     add_device_arg(p)

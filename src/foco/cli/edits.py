@@ -4,7 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import add_commit_args, add_llm_args, add_owned_output, chat_config, input_record, nonneg_int, positive_int
+from .common import (add_commit_args, add_llm_args, add_owned_output, chat_config, input_record, nonneg_int,
+                     positive_int, seed_int)
 
 
 def _sources(a: argparse.Namespace) -> list:
@@ -112,5 +113,5 @@ def _writer_args(p: argparse.ArgumentParser, templates: str) -> None:
     p.add_argument("--templates", default=templates, choices=["train", "heldout"],
                    help=f"rule writer: the training templates, or the held-out set training never sees "
                         f"(default {templates})")
-    p.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    p.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     add_llm_args(p)

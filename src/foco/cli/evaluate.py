@@ -15,6 +15,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..utils.parse import MAX_CHORD
 from .common import add_device_arg, check_writable, flag_dest, float_or_val, positive_int
 
 
@@ -98,6 +99,7 @@ def _eval(a: argparse.Namespace) -> int:
     from ..methods import MethodOptions, needs_text_tower
     from ..methods.provenance import recorded_spec
     from ..utils.io import atomic_write_text
+    chord = float_or_val(a.chord, "--chord", 0.0, MAX_CHORD)  # a bad number is refused before anything runs
     name, root, split = _target(a)
     check_writable(a.out, "--out")
     _check_results_file(a.out, a.force)
@@ -116,7 +118,7 @@ def _eval(a: argparse.Namespace) -> int:
         from ..backbones import create_backbone
         backbone = create_backbone(spec, device=device)
     features, val = _sources(a, name, root, split, options, spec, backbone)
-    cfg = EvalConfig(methods=methods, chord=float_or_val(a.chord, "--chord"), chord_shortlist=a.chord_shortlist,
+    cfg = EvalConfig(methods=methods, chord=chord, chord_shortlist=a.chord_shortlist,
                      val=val, by_category=a.by_category,
                      options=method_options.replace(backbone=backbone, device=device),
                      submission_dir=Path(a.submission_dir or (Path(a.out).parent if a.out else

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device_arg, add_owned_output, nonneg_int, positive_float, positive_int
+from .common import add_device_arg, add_owned_output, nonneg_int, positive_float, positive_int, seed_int
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
@@ -51,7 +51,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--mapper-input", default="raw", choices=["raw", "normalized"],
                     help="raw: the mapper reads the unnormalised image embedding, as Pic2Word's reference does "
                          "(default; needs a cache that keeps the norms); normalized: the L2-normalised one")
-    pt.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    pt.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     add_device_arg(pt)
     add_resume_args(pt)
     add_allow_changed(pt)

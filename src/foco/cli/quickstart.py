@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from .common import add_owned_output
+from .common import add_owned_output, seed_int
 
 
 def _quickstart(a: argparse.Namespace) -> int:
@@ -36,10 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_owned_output(qs, signature=("backbone.json:backbone", "world/world.json:counts"), kind="quickstart run")
     qs.add_argument("--size", default="default", choices=["tiny", "default"],
                     help="world size: tiny (a smoke run) or default")
-    qs.add_argument("--seed", type=int, default=0,
+    qs.add_argument("--seed", type=seed_int, default=0,
                     help="training seed of FoCo and foco-edits (and of the backbone with --train-backbone); same "
                          "seed, same machine, same result")
-    qs.add_argument("--world-seed", type=int, default=0, help="seed of the generated world")
+    qs.add_argument("--world-seed", type=seed_int, default=0, help="seed of the generated world")
     qs.add_argument("--decomposer", default="oracle", choices=["oracle", "rule"],
                     help="training decompositions; rule (spaCy) is the paper's ablation and trains beside oracle")
     qs.add_argument("--backbone", default="vit", choices=["vit", "cnn"],

@@ -6,8 +6,8 @@ import json
 import sys
 from pathlib import Path
 
-from ..utils.parse import MAX_CHORD
-from .common import add_owned_output, add_device_arg, finite_float, flag_dest, float_in, positive_int
+from ..utils.parse import MAX_BOX_BETA, MAX_CHORD
+from .common import add_owned_output, add_device_arg, flag_dest, float_in, positive_int
 
 
 def _index_build(a: argparse.Namespace) -> int:
@@ -52,8 +52,11 @@ def _size(value: str) -> str:
 
 def _parse_reference(value: str):
     """An indexed id (digits), or the path of an image file."""
-    if value.isdigit():
-        return int(value)
+    from ..utils.parse import ascii_integer
+    try:
+        return ascii_integer(value, 0)  # the server's rule: ASCII digits within int64
+    except ValueError:
+        pass
     from ..search.build import open_image
     path = Path(value)
     if not path.is_file():
@@ -93,7 +96,7 @@ def method_args(p: argparse.ArgumentParser) -> None:
     from ..methods import served_weights
     for opt, owners in served_weights().values():  # each served method's own weights folder
         p.add_argument(opt.flag, default=None, help=f"{opt.help} (enables --method {', '.join(owners)})")
-    p.add_argument("--box-beta", type=finite_float, default=-8.0,
+    p.add_argument("--box-beta", type=float_in(-MAX_BOX_BETA, MAX_BOX_BETA), default=-8.0,
                    help="attention bias inside --box (negative: attend outside the box, as chosen on val)")
     add_device_arg(p)
 

@@ -5,7 +5,7 @@ import argparse
 from pathlib import Path
 
 from .common import (add_decomposition_args, add_device_arg, add_owned_output, add_precision_arg, nonneg_float,
-                     nonneg_int, positive_float, positive_int)
+                     nonneg_int, positive_float, positive_int, seed_int)
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
@@ -191,7 +191,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                     help="F_Aggr's and F_Comp's module shapes: paper (38.4M trainable parameters at D = 768, the "
                          "paper's 38M) or compact (23.0M at D = 768, foco's shape before issue 39); "
                          "docs/architecture.md gives both")
-    tr.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    tr.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     tr.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                     help="torch.compile the training step (default backend inductor; for GPUs: compiling takes a "
                          "while on the first steps)")

@@ -6,7 +6,7 @@ import json
 import time
 from pathlib import Path
 
-from .common import add_owned_output, positive_int, unit_float
+from .common import add_owned_output, positive_int, seed_int, unit_float
 
 
 def _generate(a: argparse.Namespace) -> int:
@@ -88,7 +88,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_owned_output(g, signature=("world.json:counts", ".generating.json"), kind="world")
     g.add_argument("--size", default="default", choices=["tiny", "default"],
                    help="world size: tiny (a smoke run) or default")
-    g.add_argument("--seed", type=int, default=0, help="random seed (same seed, same result)")
+    g.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     g.add_argument("--stamps", default=None,
                    help="folder of captioned cutout PNGs (tuxpaint-stamps layout) to use as extra objects")
     g.add_argument("--exhaustive-captions", action="store_true",

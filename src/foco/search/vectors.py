@@ -61,12 +61,18 @@ def _faiss():
     return faiss
 
 
+MAX_BYTES = 2 ** 50  # the largest --max-index-memory: 1,024 TB
+
+
 def parse_bytes(value: str) -> int:
     """"4GB", "512MB", "1.5G", "1000000" -> bytes (powers of 1024)."""
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)i?B?\s*", str(value), re.IGNORECASE)
     if not m:
         raise ValueError(f"--max-index-memory {value!r}: give a size such as 4GB or 512MB")
-    return int(float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " "))
+    size = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
+    if not math.isfinite(size) or size > MAX_BYTES:
+        raise ValueError(f"--max-index-memory {value!r}: at most {MAX_BYTES // 1024 ** 4} TB")
+    return int(size)
 
 
 def nlist_for(n: int) -> int:

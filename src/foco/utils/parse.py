@@ -1,10 +1,30 @@
-"""Values typed on a command line that are a number or one reserved word ("val", "auto")."""
+"""The one number rule for values typed on a command line or sent to the server: integers in ASCII digits within a
+documented range, finite reals within one, or one reserved word ("val", "auto"). Every range here is one an option
+of foco documents; within it nothing downstream overflows.
+"""
 from __future__ import annotations
 
 import math
+import re
 
-MAX_CHORD = 100.0  # Chord's lambda, wherever it is given (foco search, foco serve): beyond it the direction term
+MAX_CHORD = 100.0  # Chord's lambda, wherever it is given (foco eval, search, serve): beyond it the direction term
 #                    alone orders the shortlist, and within it every score stays finite
+MAX_BOX_BETA = 100.0  # |beta| of box anchoring: beyond it the box alone decides F_Aggr's attention, and within it
+#                       the attention logits stay finite
+MAX_SEED = 2 ** 32 - 1  # a training or generation seed: numpy's and torch's generators take it as it is
+INT64 = (-2 ** 63, 2 ** 63 - 1)
+_INT = re.compile(r"[+-]?[0-9]+")
+
+
+def ascii_integer(value: object, lo: int = INT64[0], hi: int = INT64[1]) -> int:
+    """An integer written in ASCII digits (an optional sign; never "²" or other Unicode digits) within [lo, hi];
+    a ValueError saying what was expected otherwise (the caller names the flag or field)."""
+    text = str(value).strip()
+    if not _INT.fullmatch(text):
+        raise ValueError(f"expected an integer in ASCII digits, got {value!r}")
+    if len(text.lstrip("+-")) > 20 or not lo <= int(text) <= hi:
+        raise ValueError(f"expected an integer in [{lo}, {hi}], got {value!r}")
+    return int(text)
 
 
 def number_or_word(value: str, word: str, flag: str, lo: float = -math.inf, hi: float = math.inf) -> float | str:
