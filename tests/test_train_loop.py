@@ -266,3 +266,30 @@ def test_the_training_state_keeps_the_gpus_generator_too(tmp_path, monkeypatch):
     state["now"] = torch.zeros(16, dtype=torch.uint8)  # the generator moved on in the killed run
     load_training_state(tmp_path / "s", model, opt, None)
     assert torch.equal(state["now"], torch.arange(16, dtype=torch.uint8))
+
+
+def test_a_full_disk_is_a_clear_error_and_the_rerun_resumes(tmp_path, monkeypatch, tiny_world, train_features,
+                                                              capsys):
+    """Issue 42 item 5: `foco train` on a disk that fills while it appends its first epoch's log stops with an
+    error naming the file (no traceback); the rerun is not refused as files foco did not write, and its logs hold
+    each epoch once."""
+    import errno
+    import pathlib
+    from foco.cli import main
+    real_open = pathlib.Path.open
+
+    def full(self, mode="r", *args, **kwargs):
+        if self.name == "train_steps.jsonl" and "a" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(self, mode, *args, **kwargs)
+    argv = ["train", "--features", str(train_features), "--world", str(tiny_world), "--out", str(tmp_path / "r"),
+            "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "128", "--max-negatives", "7"]
+    monkeypatch.setattr(pathlib.Path, "open", full)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "train_steps.jsonl: the disk is full" in err and "Traceback" not in err, err
+    assert (tmp_path / "r" / "train_log.jsonl").is_file()  # the epoch's first log was written, then the disk filled
+    monkeypatch.setattr(pathlib.Path, "open", real_open)
+    assert main(argv) == 0, capsys.readouterr().err
+    log = _lines(tmp_path / "r" / "train_log.jsonl")
+    assert [(r["stage"], r["epoch"]) for r in log] == [(1, 1), (2, 1)]

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ..utils.checkpoint import STATE_JSON, has_training_state, load_training_state, save_training_state
-from ..utils.io import read_json
+from ..utils.io import _write_failed, read_json
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar, NoBar
@@ -164,6 +164,8 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
         first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
         if cfg.env.is_main:
             cut_logs(out)
+    elif cfg.env.is_main:
+        cut_logs(out, to_nothing=True)  # lines of a run that saved no state (e.g. a full disk at its first epoch)
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
     plotted = [float("-inf")]  # when the loss curve was last drawn (never: the first epoch draws it)
@@ -213,12 +215,16 @@ def _log_sizes(out: Path) -> dict[str, int]:
     return {name: (out / name).stat().st_size if (out / name).is_file() else 0 for name in LOGS}
 
 
-def cut_logs(out: str | Path) -> dict[str, int]:
+def cut_logs(out: str | Path, to_nothing: bool = False) -> dict[str, int]:
     """Cuts each log back to the size the saved state records: the lines of an epoch whose state was never saved
     (a run stopped between appending them and saving, or mid-line) are removed, so that the resumed run writes
-    that epoch once. Returns {log: bytes removed} (nothing for a state written before sizes were recorded)."""
+    that epoch once. `to_nothing`: a run that starts with no saved state keeps no earlier lines. Returns {log:
+    bytes removed} (nothing for a state written before sizes were recorded)."""
     out = Path(out)
-    sizes = read_json(out / "train_state" / STATE_JSON)["progress"].get("logs") or {}
+    if to_nothing:
+        sizes = {name: 0 for name in LOGS}
+    else:
+        sizes = read_json(out / "train_state" / STATE_JSON)["progress"].get("logs") or {}
     removed = {}
     for name, size in sizes.items():
         path = out / name
@@ -457,10 +463,8 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
         barrier(cfg.env)
         return
     log.info("%s %s", cfg.name, rec)
-    with (out / "train_log.jsonl").open("a") as f:
-        f.write(json.dumps(rec) + "\n")
-    with (out / "train_steps.jsonl").open("a") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in steps))
+    _append(out / "train_log.jsonl", json.dumps(rec) + "\n")
+    _append(out / "train_steps.jsonl", "".join(json.dumps(r) + "\n" for r in steps))
     save_training_state(out / "train_state", model, opt, rng, {**progress, "logs": _log_sizes(out)},
                         extra_tensors=None if generator is None else {"generator": generator.get_state()})
     due = plotted is None or last or time.monotonic() - plotted[0] >= PLOT_EVERY_S
@@ -469,6 +473,19 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
             plotted[0] = time.monotonic()
         recs = [json.loads(line) for line in (out / "train_steps.jsonl").read_text().splitlines() if line.strip()]
         phase_key = next(iter(progress), "stage") if progress and next(iter(progress)) != "epoch" else "stage"
-        plot_losses(out / "loss_curve.png", recs, cfg.plot_keys, title=cfg.plot_title, phase_key=phase_key)
+        try:
+            plot_losses(out / "loss_curve.png", recs, cfg.plot_keys, title=cfg.plot_title, phase_key=phase_key)
+        except OSError as exc:
+            raise _write_failed(out / "loss_curve.png", exc) from None
     barrier(cfg.env)
+
+
+def _append(path: Path, text: str) -> None:
+    """Appends to a log; a failed write (full disk, read-only folder) is a `WriteError` naming the file. What it
+    left half-written is cut back on the rerun (`cut_logs`): the state saved before it is intact."""
+    try:
+        with path.open("a") as f:
+            f.write(text)
+    except OSError as exc:
+        raise _write_failed(path, exc) from None
 
