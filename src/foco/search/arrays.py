@@ -13,6 +13,7 @@ cache, shared by every server process over the same index.
 """
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -48,17 +49,21 @@ class FeatureArrays:
             shard, at = divmod(s, self.shard_rows)
             n = min(len(rows) - done, self.shard_rows - at)
             path = self._path(shard)
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
             try:
-                data, offset = memoryview(rows[done:done + n].tobytes()), at * self.row_bytes
-                while data:  # pwrite may write less (a call's 2 GiB cap, a full disk): write the rest, or fail
-                    written = os.pwrite(fd, data, offset)
-                    if written <= 0:
-                        raise OSError(f"cannot write {path}: no space written")
-                    data, offset = data[written:], offset + written
-                os.fsync(fd)
-            finally:
-                os.close(fd)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+                try:
+                    data, offset = memoryview(rows[done:done + n].tobytes()), at * self.row_bytes
+                    while data:  # pwrite may write less (a call's 2 GiB cap, a full disk): write the rest, or fail
+                        written = os.pwrite(fd, data, offset)
+                        if written <= 0:
+                            raise OSError(errno.ENOSPC, "no space written")
+                        data, offset = data[written:], offset + written
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            except OSError as exc:  # the store commits only rows written here: the rerun writes these again
+                from ..utils.io import _write_failed
+                raise _write_failed(path, exc) from None
             s, done = s + n, done + n
 
     def truncate(self, n_slots: int) -> None:

@@ -192,10 +192,20 @@ def _wrap(base):
 
 
 def _write(index, out: Path, name: str = "vectors.faiss") -> None:
+    """Writes `index` as `out`/`name` through a temporary file: a failed write (full disk, read-only folder) leaves
+    the previous file whole and is a `WriteError` naming it."""
+    from ..utils.io import WriteError, unwritable_reason
     faiss = _faiss()
     tmp = out / f".{name}.{os.getpid()}.tmp"
-    faiss.write_index(index, str(tmp))
-    os.replace(tmp, out / name)
+    try:
+        faiss.write_index(index, str(tmp))
+        os.replace(tmp, out / name)
+    except (RuntimeError, OSError) as exc:  # FAISS reports a failed write as a RuntimeError
+        tmp.unlink(missing_ok=True)
+        why = unwritable_reason(out) or (exc.strerror if isinstance(exc, OSError) and exc.strerror else
+                                         "the disk may be full")
+        raise WriteError(f"cannot write {out / name}: {why}; the previous file is intact. Free space or choose a "
+                         "writable --out, then rerun the same command to resume") from None
 
 
 def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str | None:
