@@ -57,3 +57,28 @@ def test_a_full_disk_during_index_build_names_the_file_and_the_rerun_finishes(wh
     assert _count(out) == 5
     from foco.search.engine import SearchEngine
     assert len(SearchEngine.open(out).search_vector(__import__("numpy").ones(256, "float32"), 5)) == 5
+
+
+# --- issue 42 item 4: the text rule at every boundary, file names included -----------------------------------------
+
+def test_a_jsonl_byte_that_is_not_utf8_is_refused_naming_file_and_line(tmp_path, capsys):
+    path = tmp_path / "c.jsonl"
+    path.write_bytes(b'{"id": "1", "caption": "a red square"}\n{"id": "2", "caption": "a bl\xffue circle"}\n')
+    assert main(["decompose", "--in", str(path), "--decomposer", "rule", "--out", str(tmp_path / "d.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: not UTF-8 text (byte 0xff" in err and "iconv" in err, err
+    assert not (tmp_path / "d.sqlite").exists()
+
+
+def test_an_image_whose_name_is_not_utf8_is_skipped_and_listed_and_the_rerun_is_not_stuck(images, tmp_path, capsys):
+    pytest.importorskip("faiss")
+    bad = os.path.join(os.fsencode(images), b"b\xffd.png")
+    shutil.copy(next(images.glob("*.png")), bad)
+    out = tmp_path / "idx"
+    for _ in range(2):  # the second build is an update: not stuck "building", nothing re-encoded
+        assert _build(images, out) == 0, capsys.readouterr().err
+        assert "1 skipped" in capsys.readouterr().out
+        assert _count(out) == 5
+        assert "b\\xffd.png\tits name is not valid UTF-8" in (out / "skipped.tsv").read_text()
+    import json
+    assert not json.loads((out / "index.json").read_text()).get("building")

@@ -96,6 +96,15 @@ def open_image(path: Path) -> Image.Image:
             Image.MAX_IMAGE_PIXELS = old
 
 
+def _utf8(name: str) -> bool:
+    """Whether a file name (as os.walk decodes it) is valid UTF-8: undecodable bytes come back as lone surrogates."""
+    try:
+        name.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def walk_images(root: Path) -> list[Path]:
     """Image files under `root`, recursively, sorted; links leading outside `root` are left out."""
     real_root = root.resolve()
@@ -177,6 +186,10 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
     with ImageStore(out / "images.sqlite") as store:
         have = store.rows()
         on_disk = {p.relative_to(root).as_posix(): p for p in files}
+        for rel in [r for r in on_disk if not _utf8(r)]:  # listed as skipped, never a stuck build
+            del on_disk[rel]
+            skipped.append((os.fsencode(rel).decode("utf-8", "backslashreplace"),
+                            "its name is not valid UTF-8, in which the index stores names: rename the file"))
         gone = sorted(set(have) - set(on_disk))
         if gone:
             store.remove(gone)

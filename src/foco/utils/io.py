@@ -98,13 +98,19 @@ def atomic_write_text(path: str | Path, text: str) -> None:
 
 
 def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, object) for each non-blank line of a JSON-lines file; a line that is not a JSON object raises
-    ManifestError naming the file and line."""
+    """(line number, object) for each non-blank line of a JSON-lines file; a line that is not UTF-8 text or not a
+    JSON object raises ManifestError naming the file and line."""
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"manifest not found: {path}")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
+    with path.open("rb") as f:
+        for lineno, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ManifestError(f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at byte "
+                                    f"{exc.start + 1} of the line); re-save the file as UTF-8 (e.g. iconv -f latin1 -t "
+                                    "utf-8)") from None
             if not line.strip():
                 continue
             try:
