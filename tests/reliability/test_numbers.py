@@ -71,3 +71,15 @@ def test_eval_at_the_largest_chord_gives_finite_metrics(tiny_world, eval_feature
                  "--methods", "sum,image", "--chord", str(MAX_CHORD), "--out", str(out)]) == 0
     metrics = json.loads(out.read_text())["methods"]
     assert all(math.isfinite(v) for m in metrics.values() for v in m.values()), metrics
+
+
+def test_a_box_too_small_to_cover_a_patch_is_refused_not_ignored(four_image_index, tmp_path, capsys):
+    """The probe's case: a box 1e-300 px wide used to be silently no box (its cover of every patch rounds to 0)."""
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    torch.manual_seed(0)
+    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco")
+    base = ["search", "--index", str(four_image_index), "--checkpoint", str(tmp_path / "foco"), "--text", "make it red",
+            "--reference", "1", "-k", "2"]
+    assert main([*base, "--box", "0,0,1e-300,1e-300"]) == 2
+    assert "too small to cover any patch" in capsys.readouterr().err
+    assert main([*base, "--box", "0,0,1,1"]) == 0  # one pixel still anchors its patch

@@ -41,7 +41,7 @@ from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_w
 from ..methods.provenance import check_trained_on
 from ..utils.device import move
 from ..utils.text import text_problem
-from ..model.box import box_attention_bias, patch_grid
+from ..model.box import box_patch_mask, patch_grid
 from ..utils.io import read_json
 from ..utils.parse import MAX_CHORD
 from ..utils.precision import autocast
@@ -473,8 +473,11 @@ class SearchEngine:
         if not (0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H):
             raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is not inside the {W} x {H} reference "
                              "(x0 < x1, y0 < y1, in pixels)")
-        return box_attention_bias(torch.tensor([[x0, y0, x1, y1]], device="cpu"), self.box_beta, (W, H),
-                                  patch_grid(num_patches))  # on the CPU, beside the stored and encoded features
+        mask = box_patch_mask(torch.tensor([[x0, y0, x1, y1]], device="cpu"), (W, H), patch_grid(num_patches))
+        if not mask.any():  # a box so small that its cover of every patch rounds to nothing: never silently no box
+            raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is too small to cover any patch of the {W} x {H} "
+                             "reference; draw a larger box")
+        return self.box_beta * mask.float()  # (1, P), on the CPU beside the stored and encoded features
 
     @staticmethod
     def _depth(k: int, chord: float, excludes: bool, gen: Loaded) -> int:
