@@ -15,7 +15,6 @@ violation becomes a 400 with a JSON message naming the field (`parse`), never a 
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Any, Optional, Union
 
 from pydantic import (BaseModel, BeforeValidator, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr,
@@ -36,10 +35,12 @@ def _ascii_int(value: Any) -> int:
         return value
     if isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < 2 ** 63:
         return int(value)  # JSON's 40.0; 2.7 is refused, never rounded
-    if isinstance(value, str) and re.fullmatch(r"[+-]?[0-9]+", value.strip()):
-        if len(value.strip().lstrip("+-")) > 19 or not -2 ** 63 <= int(value.strip()) <= INT64_MAX:
-            raise ValueError(f"must be an integer within int64, got {value!r}")
-        return int(value.strip())
+    if isinstance(value, str):
+        from ..utils.parse import ascii_integer
+        try:
+            return ascii_integer(value)  # the CLI's rule too (`foco.utils.parse`): ASCII digits within int64
+        except ValueError as exc:
+            raise ValueError(f"must be an integer (int64) written in ASCII digits: {exc}") from None
     raise ValueError(f"must be an integer (int64) written in ASCII digits, got {value!r}")
 
 
