@@ -215,11 +215,12 @@ def test_cuda_extraction_writes_what_the_cpu_writes(tiny_world, tmp_path):
 def test_every_trainer_runs_with_device_cpu_and_makes_its_tensors_on_it(recorder, tiny_world, train_features,  # noqa: F811
                                                                        tmp_path):
     """Every trainer, from the command line with an explicit --device cpu, under the FactoryRecorder: FoCo's
-    stages 1-2, its edit stage (with the target-image term), Pic2Word, PACT, TSCIR and the world backbone."""
+    stages 1-2, its edit stage (with the target-image term), Pic2Word, PACT, TSCIR, the world backbone and LinCIR."""
     from foco.cli import main
     from foco.decompose.inputs import read_captions
     from foco.edits.rule import RuleWriter
     from foco.edits.run import GenerateConfig, run_generate
+    from foco.features import FeatureCache
     store = tmp_path / "e.sqlite"
     run_generate([(r.id, r.truth) for r in read_captions(tiny_world, split="train")][:200], RuleWriter(), store,
                  GenerateConfig(per_caption=1))
@@ -235,7 +236,9 @@ def test_every_trainer_runs_with_device_cpu_and_makes_its_tensors_on_it(recorder
              "--batch-size", "32", *texts],
             ["tscir", "train", "--features", f, "--edits", str(store), "--out", str(o / "tscir"), "--max-steps", "2",
              "--batch-size", "16", *texts],
-            ["backbone", "train", "--world", w, "--out", str(o / "bb"), "--epochs", "1", "--batch-size", "256"]]
+            ["backbone", "train", "--world", w, "--out", str(o / "bb"), "--epochs", "1", "--batch-size", "256"],
+            ["lincir", "train", "--world", w, "--backbone", FeatureCache(f).manifest["backbone"], "--out",
+             str(o / "lincir"), "--epochs", "1", "--batch-size", "256"]]
     for argv in runs:
         assert main(argv + ["--device", "cpu"]) == 0, argv
     assert recorder.found == [], "tensors made without their device:\n" + "\n".join(sorted(set(recorder.found)))

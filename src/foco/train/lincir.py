@@ -170,10 +170,12 @@ def train_lincir(captions: Sequence[str], backbone: PseudoTokenBackbone, out: st
             objective = ddp(objective, env, find_unused=False)
 
         def step(idx: torch.Tensor) -> Losses:  # idx (B,) the global batch; each rank takes its rows
-            mine = rank_slice(torch.arange(idx.shape[0]), env)  # (b,) this rank's positions in the global batch
+            # on the CPU, where `targets` and the saved noise generator live; this rank's rows move to the device
+            mine = rank_slice(torch.arange(idx.shape[0], device="cpu"), env)  # (b,) this rank's positions
             e_all = targets[idx]  # (B, D)
-            scale = torch.rand(e_all.shape[0], 1, generator=noise_gen)  # (B, 1), U[0, 1)
-            noisy = e_all + cfg.model.noise * scale * torch.randn(e_all.shape, generator=noise_gen)  # (B, D)
+            scale = torch.rand(e_all.shape[0], 1, generator=noise_gen, device="cpu")  # (B, 1), U[0, 1)
+            noisy = e_all + cfg.model.noise * scale * torch.randn(e_all.shape, generator=noise_gen,
+                                                                  device="cpu")  # (B, D)
             masked = [mask_caption(cleaned[i], runs[i], words, ph) for i in idx.tolist()]  # (B,), same per rank
             return objective(e_all[mine].to(env.device), noisy[mine].to(env.device),
                              [masked[j] for j in mine.tolist()])

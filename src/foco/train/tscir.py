@@ -142,15 +142,15 @@ def train_tscir(edits: EditTable, backbone, out: str | Path, cfg: TSCIRTrainConf
         first = {}
         for s, c in zip(edits.source.tolist(), edits.source_caption.tolist()):
             first.setdefault(s, c)
-        data = MappingData(images, edits.patches, captions, torch.tensor(list(first)),
-                           torch.tensor(list(first.values())))
+        data = MappingData(images, edits.patches, captions, torch.tensor(list(first), device="cpu"),
+                           torch.tensor(list(first.values()), device="cpu"))  # CPU rows: each batch moves its own
         # stage 2 data: triplets with a retrieved target image
         targeted, match = edits.with_targets(cfg.threshold)
         found["match"] = match
         kept = targeted.subset(match.kept)
         if cfg.max_triplets is not None and len(kept) > cfg.max_triplets:
             pick = torch.from_numpy(np.random.default_rng(cfg.seed).permutation(len(kept))[:cfg.max_triplets])
-            mask = torch.zeros(len(kept), dtype=torch.bool)
+            mask = torch.zeros(len(kept), dtype=torch.bool, device="cpu")  # selects rows of a CPU table
             mask[pick] = True
             kept = kept.subset(mask)
         if len(kept) < 2:
