@@ -60,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "described, one per table: their features in <split>-<protocol>/); the checkpoints are "
                         "shared, so a second protocol only evaluates")
     p.add_argument("--out", required=True, help="output folder (rerun the same command to resume)")
-    add_owned_output(p, signature=("ablate.json", "ablations.json"), kind="ablation run")
+    add_owned_output(p, kind="ablation run")
     p.add_argument("--seeds", type=_seeds, default=(0,),
                    help="training seeds, e.g. 0,1,2: mean and sd per variant, paired deltas; a sign counts beyond "
                         "noise from 3 seeds on")

@@ -37,8 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t = bb.add_parser("train", help="pretrain the world backbone contrastively on the pretrain split")
     t.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     t.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(t, signature=("train_state", "train_log.jsonl", "config.json:weights_sha256"),
-                     kind="world backbone")
+    add_owned_output(t, signature=("train_state", "train_log.jsonl"), kind="world backbone")
     t.add_argument("--epochs", type=nonneg_int, default=6, help="passes over the training data")
     t.add_argument("--batch-size", type=positive_int, default=256, help="examples per step")
     t.add_argument("--lr", type=positive_float, default=2e-3,

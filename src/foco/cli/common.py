@@ -81,12 +81,14 @@ def add_owned_output(p: argparse.ArgumentParser, dest: str = "out", signature: t
                      flag: str | None = None, kind: str | None = None) -> None:
     """Declares that the folder of `dest` is written by this command: `foco.cli.main` claims it before the command
     runs, refusing a non-empty folder foco did not write (`foco.utils.ownership`) unless --force, and a folder of
-    another `kind` of artifact (`ownership.KINDS`) always. `signature`: files by which a folder an earlier foco wrote
-    is recognised (e.g. world.json)."""
+    another `kind` of artifact (`ownership.KINDS`) always. A folder an earlier foco wrote is recognised by its kind's
+    files (`KINDS[kind]`) and by `signature`, files several kinds share (a training state, its log)."""
     if not any("--force" in a.option_strings for a in p._actions):
         p.add_argument("--force", action="store_true",
                        help="write into an output folder that holds files foco did not write (they are left as they "
                             "are; an output of the same name is replaced)")
+    from ..utils.ownership import KINDS
+    signature = (*signature, *(KINDS[kind] if kind else ()))
     flag = flag or f"--{dest.replace('_', '-')}"
     p.set_defaults(_owned=[*(p.get_default("_owned") or []), (dest, tuple(signature), flag, kind)])
 

@@ -98,8 +98,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     p.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     p.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(p, signature=("train_state", "train_log.jsonl", "composer.json:mapper"),
-                     kind="text composer (PACT, TSCIR)")
+    add_owned_output(p, signature=("train_state", "train_log.jsonl"), kind="text composer (PACT, TSCIR)")
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")

@@ -45,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the +AD control: also train on each caption's decomposition pairs, rejoined into sentences "
                         "('{context} with {local}')")
     t.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(t, signature=("train_state", "train_log.jsonl", "lincir.json:model"), kind="LinCIR phi")
+    add_owned_output(t, signature=("train_state", "train_log.jsonl"), kind="LinCIR phi")
     t.add_argument("--epochs", type=positive_int, default=20, help="passes over the captions")
     t.add_argument("--batch-size", type=positive_int, default=256, help="captions per step (the reference: 256-512)")
     t.add_argument("--lr", type=positive_float, default=1e-4, help="learning rate (constant, the reference's)")

@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt = pw.add_parser("train", help="train Pic2Word's mapping network on cached image features")
     pt.add_argument("--features", required=True, help="feature cache of the training split (its images)")
     pt.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(pt, signature=("train_state", "train_log.jsonl", "pic2word.json:model"), kind="Pic2Word mapper")
+    add_owned_output(pt, signature=("train_state", "train_log.jsonl"), kind="Pic2Word mapper")
     pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     pt.add_argument("--epochs", type=nonneg_int, default=2, help="passes over the training data")
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")

@@ -33,7 +33,7 @@ def _quickstart(a: argparse.Namespace) -> int:
 def register(sub: argparse._SubParsersAction) -> None:
     qs = sub.add_parser("quickstart", help="world -> backbone -> decompositions -> FoCo -> evaluation")
     qs.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(qs, signature=("backbone.json:backbone", "world/world.json:counts"), kind="quickstart run")
+    add_owned_output(qs, kind="quickstart run")
     qs.add_argument("--size", default="default", choices=["tiny", "default"],
                     help="world size: tiny (a smoke run) or default")
     qs.add_argument("--seed", type=seed_int, default=0,

@@ -108,7 +108,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--images", required=True, help="folder of images (jpg, jpeg, png, webp, bmp), walked recursively")
     b.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
     b.add_argument("--out", required=True, help="index folder (created; rerun to resume or to update)")
-    add_owned_output(b, signature=("index.json:format_version",), kind="search index")
+    add_owned_output(b, kind="search index")
     b.add_argument("--index-type", default="Flat",
                    help="FAISS index-factory string: Flat (exact, default), IVF1024,Flat, HNSW32, IVF1024,PQ64, ...; "
                         "or auto: chosen within --max-index-memory (docs/search.md)")

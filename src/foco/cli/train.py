@@ -137,7 +137,7 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--split", default=None,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
     x.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(x, signature=("manifest.json:shard_size", "corpus.json:parts"), kind="feature cache")
+    add_owned_output(x, kind="feature cache")
     x.add_argument("--shard-size", type=positive_int, default=2048,
                    help="items per safetensors shard (the unit of resume)")
     x.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
@@ -167,7 +167,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--workers", type=nonneg_int, default=2, help="with --online: DataLoader workers decoding images")
     add_decomposition_args(tr)
     tr.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
-    add_owned_output(tr, signature=("train_state", "train_log.jsonl", "foco.json:model"), kind="FoCo checkpoint")
+    add_owned_output(tr, signature=("train_state", "train_log.jsonl"), kind="FoCo checkpoint")
     tr.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     tr.add_argument("--stage2-epochs", type=nonneg_int, default=30, help="epochs of the second stage")
     tr.add_argument("--batch-size", type=positive_int, default=512, help="examples per step")

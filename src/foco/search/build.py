@@ -38,6 +38,7 @@ from PIL import Image, ImageOps
 
 from ..backbones import canonical_spec, create_backbone
 from ..utils.io import atomic_write_text, read_json, sha256_file
+from ..utils.text import is_unicode
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
 from .store import ImageRow, ImageStore
@@ -94,15 +95,6 @@ def open_image(path: Path) -> Image.Image:
             raise ValueError(f"unreadable image ({type(exc).__name__}: {exc})") from None
         finally:
             Image.MAX_IMAGE_PIXELS = old
-
-
-def _utf8(name: str) -> bool:
-    """Whether a file name (as os.walk decodes it) is valid UTF-8: undecodable bytes come back as lone surrogates."""
-    try:
-        name.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 def walk_images(root: Path) -> list[Path]:
@@ -186,7 +178,7 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
     with ImageStore(out / "images.sqlite") as store:
         have = store.rows()
         on_disk = {p.relative_to(root).as_posix(): p for p in files}
-        for rel in [r for r in on_disk if not _utf8(r)]:  # listed as skipped, never a stuck build
+        for rel in [r for r in on_disk if not is_unicode(r)]:  # listed as skipped, never a stuck build
             del on_disk[rel]
             skipped.append((os.fsencode(rel).decode("utf-8", "backslashreplace"),
                             "its name is not valid UTF-8, in which the index stores names: rename the file"))

@@ -43,6 +43,12 @@ def text_problem(text: object, allow_empty: bool = False, max_chars: int | None 
     return None
 
 
+def is_unicode(text: str) -> bool:
+    """Whether `text` holds no lone surrogate, so that it encodes as UTF-8 (a file name of undecodable bytes, as
+    `os` decodes it, does not)."""
+    return _SURROGATE.search(text) is None
+
+
 def is_blank(text: str) -> bool:
     """Whether `text` shows nothing: only whitespace and format characters (U+200B, U+FEFF, ...). It stops at the
     first visible character, so a long caption costs nothing."""
