@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import torch
 
 from .backbones.base import Backbone, ImageFeatures, TextFeatures
+from .records import read as read_record
 from .utils.io import atomic_write_bytes, atomic_write_text, iter_batches, load_image, read_json, sha256_file
 from .utils.precision import autocast, resolve_precision
 from .utils.progress import Bar
@@ -86,7 +87,7 @@ def _fingerprint(keys: Sequence[str]) -> str:
 def _check_manifest(out: Path, kind: str, backbone: Backbone, keys: Sequence[str], ids: Sequence[str],
                     cfg: ExtractConfig) -> None:
     path = out / "manifest.json"
-    manifest = read_json(path) if path.is_file() else {}
+    manifest = read_record("manifest.json", path) if path.is_file() else {}
     want = {"backbone": backbone.spec, "embed_dim": backbone.embed_dim, "dtype": cfg.dtype,
             "shard_size": cfg.shard_size, "precision": resolve_precision(cfg.precision)}
     have = {"precision": "fp32", **manifest} if manifest else {}  # caches from before precisions were recorded
@@ -123,9 +124,12 @@ def cache_fingerprint(manifest: dict) -> str:
     return hashlib.sha256(json.dumps(kept, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _record_speed(out: Path, kind: str, n: int, seconds: float) -> None:
+def _record_speed(out: Path, kind: str, n: int, seconds: float, n_shards: int) -> None:
+    """Records the run's speed and, every shard being written, the kind's content hash (`content_sha256`)."""
     path = out / "manifest.json"
     manifest = read_json(path)
+    manifest[kind]["content_sha256"] = content_sha256(
+        [read_record("shard", out / kind / f"shard-{s:05d}.json") for s in range(n_shards)])
     if n:
         manifest[kind]["last_run"] = {"encoded": n, "seconds": round(seconds, 2), "per_second": round(n / seconds, 1)}
     atomic_write_text(path, json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -152,6 +156,10 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
             if problem != "not encoded yet":
                 repaired += 1
                 log.warning("%s: %s; encoding it again", shard_dir / f"shard-{s:05d}.safetensors", problem)
+    if not todo:  # a finished cache: its shards must still be the ones extraction wrote
+        problem = content_problem(out, (read_json(out / "manifest.json").get(kind) or {}), kind, len(shards))
+        if problem:
+            raise ValueError(f"{problem}; use another {cfg.out_flag}")
     done_items = len(ids) - sum(len(shards[s]) for s in todo)
     if done_items:
         log.info("%s: %d of %d items already cached, resuming", kind, done_items, len(ids))
@@ -174,7 +182,7 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
                                             tensors.pop("lengths").long().cumsum(0)])
         write_shard(shard_dir, s, tensors, [ids[i] for i in shards[s]])
     bar.close()
-    _record_speed(out, kind, encoded, time.time() - t0)
+    _record_speed(out, kind, encoded, time.time() - t0, len(shards))
     return {"items": len(ids), "encoded": encoded, "seconds": time.time() - t0, "repaired": repaired}
 
 
@@ -188,6 +196,37 @@ def write_shard(shard_dir: Path, s: int, tensors: dict[str, torch.Tensor], ids: 
     atomic_write_text(shard_dir / f"shard-{s:05d}.json", json.dumps({
         "ids": ids, "sha256": hashlib.sha256(data).hexdigest(), "ids_sha256": ids_sha256(ids), "bytes": st.st_size,
         "mtime_ns": st.st_mtime_ns}))
+
+
+def content_sha256(shard_records: list[dict]) -> str | None:
+    """What a kind of a cache holds: the sha256 over every shard's tensor bytes' hash and its id list's, in order
+    (None for shards written before their bytes were hashed). The manifest records it when extraction finishes, so
+    that a shard and its record copied from another cache (another backbone's, another split's) are refused."""
+    if any(r.get("sha256") is None for r in shard_records):
+        return None
+    h = hashlib.sha256()
+    for r in shard_records:
+        h.update(f"{r['sha256']}:{ids_sha256(r['ids'])}\n".encode())
+    return h.hexdigest()
+
+
+def content_problem(path: Path, entry: dict, kind: str, n_shards: int,
+                    shard_records: list[dict] | None = None) -> str | None:
+    """What is wrong with a kind's shards against the content hash its manifest entry records, or None (also for
+    a cache written before content hashes were recorded)."""
+    want = entry.get("content_sha256")
+    if want is None:
+        return None
+    if shard_records is None:
+        shard_records = [read_record("shard", path / kind / f"shard-{s:05d}.json") for s in range(n_shards)]
+    unhashed = next((s for s, r in enumerate(shard_records) if r.get("sha256") is None), None)
+    if unhashed is not None:
+        return (f"{path / kind / f'shard-{unhashed:05d}.json'} records no sha256 of its shard's bytes, which "
+                f"{path / 'manifest.json'} (content_sha256) says extraction wrote: the record was edited")
+    if content_sha256(shard_records) != want:
+        return (f"{path / kind}: the shards differ from those {path / 'manifest.json'} recorded when extraction "
+                "finished (content_sha256): a shard or its record was replaced, e.g. copied from another cache")
+    return None
 
 
 def ids_sha256(ids: Sequence[str]) -> str:
@@ -208,12 +247,10 @@ def shard_problem(shard_dir: Path, s: int, deep: bool = False) -> str | None:
     if not shard.is_file():
         return "its tensors are missing"
     try:
-        record = read_json(meta)
-    except ValueError:
-        return f"its record {meta.name} is unreadable"
-    ids = record.get("ids")
-    if not isinstance(ids, list):
-        return f"its record {meta.name} holds no id list"
+        record = read_record("shard", meta)
+    except ValueError as exc:
+        return f"its record {meta.name} is damaged ({str(exc).split(': ', 1)[-1]})"
+    ids = record["ids"]
     if "ids_sha256" in record and ids_sha256(ids) != record["ids_sha256"]:
         return f"its id list does not match the ids_sha256 recorded in {meta.name} (ids edited since extraction)"
     want = record.get("sha256")
@@ -236,7 +273,7 @@ def verify_cache(path: str | Path) -> dict:
     shard whose size or mtime no longer match its record (copied, touched) gets them recorded again, so that reads
     need not hash it."""
     path = Path(path)
-    manifest = read_json(path / "manifest.json")
+    manifest = read_record("manifest.json", path / "manifest.json")
     report = {}
     for kind in ("images", "texts"):
         if kind not in manifest:
@@ -250,8 +287,9 @@ def verify_cache(path: str | Path) -> dict:
             else:
                 _restamp(path / kind, s)
         if not bad:
-            problem = ids_problem(path, manifest, kind, [i for s in range(n_shards)
-                                                         for i in read_json(path / kind / f"shard-{s:05d}.json")["ids"]])
+            shard_records = [read_record("shard", path / kind / f"shard-{s:05d}.json") for s in range(n_shards)]
+            problem = (ids_problem(path, manifest, kind, [i for r in shard_records for i in r["ids"]])
+                       or content_problem(path, manifest[kind], kind, n_shards, shard_records))
             if problem:
                 bad.append(problem)
         report[kind] = {"shards": n_shards, "bad": bad}
@@ -274,7 +312,7 @@ def ids_problem(path: Path, manifest: dict, kind: str, ids: list[str]) -> str | 
 
 def _restamp(shard_dir: Path, s: int) -> None:
     meta, shard = shard_dir / f"shard-{s:05d}.json", shard_dir / f"shard-{s:05d}.safetensors"
-    record = read_json(meta)
+    record = read_record("shard", meta)
     if record.get("sha256") is None or _stamp_matches(shard, record) or not os.access(meta.parent, os.W_OK):
         return
     st = shard.stat()
@@ -341,7 +379,7 @@ class FeatureCache:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
-        self.manifest = read_json(self.path / "manifest.json")
+        self.manifest = read_record("manifest.json", self.path / "manifest.json")
 
     @property
     def backbone(self) -> dict:
@@ -373,8 +411,11 @@ class FeatureCache:
             problem = shard_problem(shard_dir, s)
             if problem is not None:
                 raise ValueError(f"{shard_dir / f'shard-{s:05d}.safetensors'}: {problem}; {_FIX}")
-            records.append(read_json(meta))
+            records.append(read_record("shard", meta))
             unstamped += "sha256" in records[-1] and "bytes" not in records[-1]
+        problem = content_problem(self.path, self.manifest[kind], kind, len(records), records)
+        if problem:
+            raise ValueError(f"{problem}; {_FIX} into a new --out")
         if unstamped:
             log.warning("%s: %d shards record no size and mtime (written before they were recorded), so they were "
                         "hashed to be checked; `foco features verify --cache %s` records them once", shard_dir,
@@ -384,8 +425,9 @@ class FeatureCache:
     def ids(self, kind: str) -> list[str]:
         """The ids of `kind` ("images" or "texts") in row order, read from the shard records alone, checked against
         the manifest's fingerprint of them."""
+        shard_dir = self.path / kind
         return self._checked_ids(kind, [i for s in range(self._n_shards(kind))
-                                        for i in read_json(self.path / kind / f"shard-{s:05d}.json")["ids"]])
+                                        for i in read_record("shard", shard_dir / f"shard-{s:05d}.json")["ids"]])
 
     def _checked_ids(self, kind: str, ids: list[str]) -> list[str]:
         problem = ids_problem(self.path, self.manifest, kind, ids)
@@ -409,7 +451,8 @@ class FeatureCache:
         ids, rows = self.rows("images")
         every = range(len(ids))
         g = torch.nn.functional.normalize(rows.rows("global", every).float(), dim=-1)
-        p = rows.rows("patches", every) if patches and rows.has("patches") else torch.empty(len(ids), 0, g.shape[1], device="cpu")
+        p = (rows.rows("patches", every) if patches and rows.has("patches")
+             else torch.empty(len(ids), 0, g.shape[1], device="cpu"))
         norm = _norms(rows, every)
         rows.close()
         return ids, ImageFeatures(g, p if dtype is None else p.to(dtype), norm)

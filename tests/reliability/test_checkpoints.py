@@ -53,6 +53,11 @@ def test_a_damaged_feature_shard_names_its_file_and_the_fix(tmp_path):
         FeatureCache(tmp_path / "cache").texts()
     record = tmp_path / "cache" / "texts" / "shard-00001.json"  # a cache from before shards recorded their hash
     record.write_text(json.dumps({"ids": json.loads(record.read_text())["ids"]}))
+    with pytest.raises(ValueError, match=r"shard-00001.json records no sha256.*content_sha256"):
+        FeatureCache(tmp_path / "cache").texts()  # ... which a cache that records its content hash cannot hold
+    manifest = tmp_path / "cache" / "manifest.json"  # nor its manifest: one from before content hashes
+    manifest.write_text(json.dumps({**json.loads(manifest.read_text()), "texts": {
+        k: v for k, v in json.loads(manifest.read_text())["texts"].items() if k != "content_sha256"}}))
     with pytest.raises(ValueError, match=r"shard-00001.safetensors is not a readable.*rerun the `foco features "
                                          r"extract`"):
         FeatureCache(tmp_path / "cache").texts()

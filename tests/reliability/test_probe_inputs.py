@@ -59,6 +59,12 @@ def test_a_nan_feature_stops_training_before_a_checkpoint(tiny_world, train_feat
     rec["sha256"], st = hashlib.sha256(shard.read_bytes()).hexdigest(), shard.stat()
     rec["bytes"], rec["mtime_ns"] = st.st_size, st.st_mtime_ns
     (cache / "images" / "shard-00000.json").write_text(json.dumps(rec))
+    from foco.features import content_sha256  # as an extraction that wrote NaNs would have recorded them
+    manifest = json.loads((cache / "manifest.json").read_text())
+    n = -(-manifest["images"]["count"] // manifest["shard_size"])
+    manifest["images"]["content_sha256"] = content_sha256(
+        [json.loads((cache / "images" / f"shard-{s:05d}.json").read_text()) for s in range(n)])
+    (cache / "manifest.json").write_text(json.dumps(manifest))
     out = tmp_path / "o"
     err = _fails(["train", "--features", cache, "--world", tiny_world, "--out", out, "--stage1-epochs", "1",
                   "--stage2-epochs", "0", "--batch-size", "64"], capsys, "not finite", "stage 1")

@@ -21,7 +21,7 @@ def _index_build(a: argparse.Namespace) -> int:
 
 def _index_update(a: argparse.Namespace) -> int:
     from ..search.build import update_index
-    _report(update_index(a.index, device=device(a), retrain=a.retrain), a.index)
+    _report(update_index(a.index, device=device(a), retrain=a.retrain, reencode=a.reencode), a.index)
     return 0
 
 
@@ -131,6 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("index", help="index folder (foco index build --out)")
     u.add_argument("--retrain", action="store_true",
                    help="train the vector index again on the whole collection (default: add to it as trained)")
+    u.add_argument("--reencode", action="store_true",
+                   help="encode every image again (needed when the backbone's weights changed since the build)")
     add_device_arg(u)
     u.set_defaults(func=_index_update)
 

@@ -17,7 +17,6 @@ def weights_options() -> dict[str, MethodOption]:
 def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
     """(flag, folder, recorded backbone) of every trained method's folder in `opts` that records one: each was
     trained on features of that backbone, and must be used on features of the same."""
-    from ..utils.io import read_json
     out = []
     for name, opt in weights_options().items():
         folder = opts.get(name)
@@ -26,7 +25,7 @@ def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
         if not (Path(folder) / opt.record).is_file():
             raise FileNotFoundError(f"{opt.flag} {folder}: no {opt.record} there ({opt.help} holds one); check "
                                     f"the path given to {opt.flag}")
-        meta = read_json(Path(folder) / opt.record)
+        meta = _read_record(Path(folder) / opt.record)
         recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
         if recorded is not None:
             out.append((opt.flag, Path(folder), recorded))
@@ -50,3 +49,10 @@ def check_trained_on(opts: MethodOptions, backbone, what: str, fix: str) -> None
     for flag, folder, recorded in recorded_backbones(opts):
         check_same_backbone(recorded, f"{flag} {folder}", backbone, what,
                             f"{fix}, or pass a {flag} trained on that backbone's features")
+
+
+def _read_record(path: Path) -> dict:
+    """A weights folder's record, checked against its schema (`foco.records`) where it has one."""
+    from ..records import SCHEMAS, read
+    from ..utils.io import read_json
+    return read(path.name, path) if path.name in SCHEMAS else read_json(path)

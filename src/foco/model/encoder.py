@@ -146,8 +146,5 @@ class ComposedQueryEncoder(nn.Module):
 
 def checkpoint_meta(path: str | Path) -> dict:
     """A FoCo checkpoint's foco.json: its config and what training recorded (e.g. the "backbone" spec)."""
-    from ..utils.io import read_json
-    meta = read_json(Path(path) / "foco.json")
-    if meta.get("model") != "foco":
-        raise ValueError(f"{Path(path) / 'foco.json'} is not a FoCo checkpoint config")
-    return meta
+    from ..records import read
+    return read("foco.json", Path(path) / "foco.json")

@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..backbones import canonical_spec, create_backbone
-from ..utils.io import atomic_write_text, read_json, sha256_file
+from ..utils.io import atomic_write_text, sha256_file
 from ..utils.text import is_unicode
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
@@ -62,6 +62,7 @@ class IndexConfig:
     max_index_memory: str = "4GB"  # the budget of --index-type auto
     ondisk: bool = False  # IVF: inverted lists on disk, memory-mapped
     retrain: bool = False  # train the vector index again instead of adding to it
+    reencode: bool = False  # encode every image again: the backbone's weights changed since the index was built
     refine: int | None = None  # PQ indexes: the exact re-rank's shortlist factor (None: vectors.REFINE_PQ)
 
 
@@ -110,10 +111,17 @@ def walk_images(root: Path) -> list[Path]:
     return found
 
 
-def _check_format(out: Path, meta: dict) -> None:
-    if meta.get("format_version") != FORMAT_VERSION:
+def read_meta(out: Path) -> dict:
+    """An index's index.json: of this format (an older one is refused with the fix), checked against its schema
+    (`foco.records`)."""
+    from ..records import check
+    from ..utils.io import read_json
+    meta = read_json(out / "index.json")
+    version = meta.get("format_version") if isinstance(meta, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION:
         raise ValueError(f"{out} was written by an older foco (index format {meta.get('format_version')}, vectors "
                          "inside SQLite); build it again with `foco index build` into a new --out")
+    return check("index.json", meta, out / "index.json")
 
 
 def _check_config(out: Path, cfg: IndexConfig) -> dict:
@@ -123,8 +131,7 @@ def _check_config(out: Path, cfg: IndexConfig) -> dict:
             "precision": resolve_precision(cfg.precision), "train_size": cfg.train_size,
             "max_index_memory": cfg.max_index_memory}
     if meta_path.is_file():
-        have = read_json(meta_path)
-        _check_format(out, have)
+        have = read_meta(out)
         diff = [f"{k} {have.get(k)!r} (now {v!r})" for k, v in want.items()
                 if k not in ("index_type", "train_size", "max_index_memory", "backbone") and have.get(k) != v]
         if canonical_spec(have.get("backbone", "")) != want["backbone"]:
@@ -167,7 +174,20 @@ def _exclusive(out: Path):
 
 
 def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, device: str, root: Path) -> IndexStats:
-    previous_meta = read_json(out / "index.json") if (out / "index.json").is_file() else None
+    previous_meta = read_meta(out) if (out / "index.json").is_file() else None
+    if previous_meta and previous_meta.get("backbone_sha256") and previous_meta.get("count"):
+        backbone = backbone or create_backbone(cfg.backbone, device=device)
+        now = getattr(backbone, "weights_sha256", None)
+        if now and now != previous_meta["backbone_sha256"]:
+            if not cfg.reencode:
+                raise ValueError(f"{out / 'index.json'}: its {previous_meta['count']} vectors were encoded with other "
+                                 f"weights of {cfg.backbone} (sha256 {previous_meta['backbone_sha256'][:12]}...) than "
+                                 f"the ones there now ({now[:12]}...), and new vectors would not be comparable with "
+                                 f"them; restore the weights, or encode every image again with `foco index update {out} "
+                                 "--reencode`")
+            with ImageStore(out / "images.sqlite") as store:  # every vector goes: they are all re-encoded
+                store.remove(sorted(store.rows()))
+            cfg = replace(cfg, retrain=True)
     previous = (previous_meta or {}).get("vectors")
     atomic_write_text(out / "index.json", json.dumps({**meta, "building": True, "vectors": previous}, indent=2) + "\n")
     t0 = time.time()
@@ -267,17 +287,19 @@ def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Pat
     return vecs, (f.patches.float().numpy() if cfg.with_patches else None)
 
 
-def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: bool = False) -> IndexStats:
+def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: bool = False,
+                 reencode: bool = False) -> IndexStats:
     """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json; the vector index
-    takes in what changed, and is trained again only with `retrain`."""
+    takes in what changed, and is trained again only with `retrain`. Weights of the backbone that changed since
+    the index was built are refused, unless `reencode`: then every image is encoded again."""
     out = Path(out)
     if not (out / "index.json").is_file():
         raise FileNotFoundError(f"{out} is not an index (no index.json); make one with `foco index build`")
-    meta = read_json(out / "index.json")
-    _check_format(out, meta)
+    meta = read_meta(out)
     vec = meta.get("vectors") or {}
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
                       with_patches=meta["with_patches"], precision=meta["precision"],
                       train_size=meta.get("train_size"), max_index_memory=meta.get("max_index_memory", "4GB"),
-                      ondisk=bool(vec.get("ondisk")), retrain=retrain, refine=vec.get("refine_asked"))
+                      ondisk=bool(vec.get("ondisk")), retrain=retrain, refine=vec.get("refine_asked"),
+                      reencode=reencode)
     return build_index(cfg, out, backbone, device=device)

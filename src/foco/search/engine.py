@@ -42,10 +42,9 @@ from ..methods.provenance import check_trained_on
 from ..utils.device import move
 from ..utils.text import text_problem
 from ..model.box import box_patch_mask, patch_grid
-from ..utils.io import read_json
 from ..utils.parse import MAX_CHORD
 from ..utils.precision import autocast
-from .build import open_image
+from .build import open_image, read_meta
 from .store import ImageRow, ImageStore
 from .vectors import load_vector_index, search_vectors, set_search_params
 
@@ -167,7 +166,7 @@ class SearchEngine:
         if not (folder / "index.json").is_file():
             raise FileNotFoundError(f"{folder} is not an index (no index.json); make one with `foco index build`")
         generation = _generation(folder)  # before reading: an update finishing meanwhile is picked up by refresh
-        meta = read_json(folder / "index.json")
+        meta = read_meta(folder)
         if meta.get("building"):
             raise ValueError(f"{folder}: the last `foco index build` did not finish; rerun `foco index update "
                              f"{folder}`")
@@ -197,7 +196,11 @@ class SearchEngine:
         generation = _generation(self.folder)
         if generation == old.generation or generation is None:
             return False
-        meta = read_json(self.folder / "index.json")
+        try:
+            meta = read_meta(self.folder)
+        except ValueError as exc:  # damaged since: the loaded generation stays
+            log.warning("%s; the server keeps the index it loaded", exc)
+            return False
         if meta.get("building"):
             return False  # an update in progress: the loaded generation stays until it finishes
         if any(meta.get(k) != old.meta.get(k) for k in ("backbone", "backbone_sha256", "dim", "images")):

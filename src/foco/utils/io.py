@@ -114,9 +114,11 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if not line.strip():
                 continue
             try:
-                rec = json.loads(line)
+                rec = loads_strict(line)
             except json.JSONDecodeError as exc:
-                raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from exc
+                raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+            except (ValueError, RecursionError) as exc:
+                raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(rec, dict):
                 raise ManifestError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
             yield lineno, rec
@@ -133,14 +135,33 @@ def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict[st
     return records
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def loads_strict(text: str) -> Any:
+    """json.loads that refuses NaN, Infinity and -Infinity (Python's json takes them; no other reader does)."""
+    return json.loads(text, parse_constant=_no_constant)
+
+
 def read_json(path: str | Path) -> Any:
+    """A JSON file, strictly: UTF-8, valid JSON, no NaN or Infinity; else ManifestError naming the file."""
     path = Path(path)
     if not path.is_file():
         raise ManifestError(f"file not found: {path}")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise ManifestError(f"{path}: cannot be read ({exc.strerror})") from None
+    try:
+        return loads_strict(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); the file "
+                            "is damaged") from None
     except json.JSONDecodeError as exc:
-        raise ManifestError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from exc
+        raise ManifestError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except (ValueError, RecursionError) as exc:
+        raise ManifestError(f"{path}: not valid JSON ({exc})") from None
 
 
 def load_image(path: str | Path) -> Image.Image:

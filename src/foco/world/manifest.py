@@ -94,16 +94,25 @@ def _check_text(path: Path, lineno: int, field: str, value) -> None:
 
 
 def _check_count(root: Path, rel: str, n: int) -> None:
-    """A manifest holds as many records as world.json counts for it (where it counts it): a deleted or added line
-    is refused by every reader, not only by `foco world verify`."""
-    from ..utils.io import read_json
+    """A manifest holds as many records as world.json counts for it, and its bytes are those world.json hashed at
+    generation (`manifests_sha256`): a deleted, added, reordered or edited line is refused by every reader (training,
+    extraction, evaluation), not only by `foco world verify`. A world without world.json is a user's folder of
+    manifests: nothing to compare with."""
+    from ..records import read
+    from ..utils.io import sha256_file
     summary = root / "world.json"
     if not summary.is_file():
         return
-    want = (read_json(summary).get("counts") or {}).get(rel)
+    record = read("world.json", summary)
+    want = record["counts"].get(rel)
     if want is not None and want != n:
         raise ManifestError(f"{root / rel}: {n} records, but {summary} counts {want} (lines deleted or added since "
                             "generation); regenerate the world, or check it with `foco world verify`")
+    digest = (record.get("manifests_sha256") or {}).get(rel)
+    if digest is not None and sha256_file(root / rel) != digest:
+        raise ManifestError(f"{root / rel} does not match the sha256 {summary} recorded at generation (lines edited, "
+                            "swapped or reordered since); regenerate the world, or see what changed with `foco world "
+                            "verify`")
 
 
 def _check_unique(path: Path, ids: list[str]) -> None:

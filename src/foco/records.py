@@ -1,0 +1,132 @@
+"""One record schema per artifact kind: every field a reader of foco's own files relies on, with its type and range.
+
+Each reader reads its record through `read(kind, path)` (or `check(kind, value, path)` for one it already holds),
+so a damaged record (a field of another type, NaN, a huge or negative number, a missing field) is refused naming
+the file and the field, before any of it is used. The kinds are those of `foco.utils.ownership.KINDS`, and the
+record files inside them:
+
+=======================  =====================================================================================
+world                    world.json (counts and sha256 of every manifest; `foco.world.manifest` checks both)
+feature cache            manifest.json; each shard's images/shard-NNNNN.json; a corpus's corpus.json
+FoCo checkpoint          foco.json (the model config; what training recorded: the backbone, the edit stage)
+search index             index.json
+trained mappers          pic2word.json, lincir.json, composer.json (their backbone records)
+decomposition / edits    SQLite stores: their tables (`foco.decompose.store.STORE_TABLES`); the runs' settings
+=======================  =====================================================================================
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .utils.schema import COUNT, HEX16, HEX64, Field, check as _check, opt, read_record
+
+MAX_DIM = 1 << 16  # the widest joint space a record may declare (ViT-bigG is 1,280)
+RATIO = Field("float", lo=0.0, hi=64.0)
+SPEC = Field("str", lo=1, hi=4096)
+BACKBONE_RECORD = Field("str|dict", fields={"spec": Field("str", lo=1, hi=4096, nullable=True),
+                                            "weights_sha256": opt(HEX64)})
+
+
+def _divisible(cfg: dict) -> str | None:
+    if cfg.get("dim", 1) % cfg.get("heads", 1):
+        return f"dim {cfg['dim']} is not a multiple of heads {cfg['heads']}"
+    return None
+
+
+def _model_config() -> Field:
+    from .model.aggr import AGGR_ATTENTIONS, AGGR_BACKGROUNDS, AGGR_QUERIES, FOCUS
+    from .model.comp import COMP_LAYERS
+    return Field("dict", rule=_divisible, fields={
+        "dim": Field("int", lo=1, hi=MAX_DIM), "heads": Field("int", lo=1, hi=1024),
+        "comp_depth": Field("int", lo=1, hi=256),
+        **{k: RATIO for k in ("aggr_mlp_ratio", "comp_mlp_ratio")},
+        **{k: Field("float", lo=0.0, hi=64.0, optional=True) for k in ("aggr_block_ffn_ratio", "aggr_ffn_ratio",
+                                                                          "map_mlp_ratio")},
+        "use_background": Field("bool", optional=True), "anchor_init": Field("bool", optional=True),
+        "aggr_query": Field("str", choices=AGGR_QUERIES, optional=True),
+        "aggr_attention": Field("str", choices=AGGR_ATTENTIONS, optional=True),
+        "background": Field("str", choices=AGGR_BACKGROUNDS, optional=True),
+        "comp_layers": Field("str", choices=COMP_LAYERS, optional=True),
+        "focus": Field("str", choices=FOCUS, optional=True),
+        "init_temperature": Field("float", lo=1e-6, hi=1e4, optional=True),
+        "learn_bias": Field("bool", optional=True), "init_bias": Field("float", lo=-1e4, hi=1e4, optional=True)})
+
+
+def _checkpoint() -> Field:
+    return Field("dict", fields={
+        "model": Field("str", choices=("foco",)), "config": _model_config(),
+        "train": Field("dict", optional=True, fields={
+            "stage3_epochs": Field("int", lo=0, hi=1 << 20, optional=True),
+            "seed": Field("int", lo=0, optional=True)}),
+        "backbone": opt(BACKBONE_RECORD),
+        "provenance": Field("dict", optional=True, fields={"backbone": opt(BACKBONE_RECORD)})})
+
+
+def _mapper(name: str) -> Field:
+    return Field("dict", fields={"model": Field("str", lo=1, hi=64), "backbone": opt(BACKBONE_RECORD),
+                                 "provenance": Field("dict", optional=True, fields={"backbone": opt(BACKBONE_RECORD)})})
+
+
+_KIND_ENTRY = Field("dict", fields={"count": COUNT, "fingerprint": HEX16, "ids_fingerprint": opt(HEX16),
+                                    "content_sha256": opt(HEX64)})
+
+
+def _cache_manifest() -> Field:
+    return Field("dict", fields={
+        "backbone": SPEC, "backbone_sha256": opt(HEX64), "embed_dim": Field("int", lo=1, hi=MAX_DIM),
+        "dtype": Field("str", choices=("float16", "bfloat16", "float32")),
+        "shard_size": Field("int", lo=1, hi=1 << 30), "precision": Field("str", choices=("fp32", "bf16", "fp16"),
+                                                                         optional=True),
+        "source": Field("dict", optional=True, nullable=True),
+        "images": Field("dict", optional=True, fields=_KIND_ENTRY.fields),
+        "texts": Field("dict", optional=True, fields=_KIND_ENTRY.fields)})
+
+
+SHARD = Field("dict", fields={"ids": Field("list", items=Field("str|int")), "sha256": opt(HEX64),
+                              "ids_sha256": opt(HEX64), "bytes": Field("int", lo=0, optional=True),
+                              "mtime_ns": Field("int", optional=True)})
+
+CORPUS = Field("dict", fields={"backbone": SPEC, "backbone_sha256": opt(HEX64),
+                               "parts": Field("list", items=Field("str|dict"))})
+
+
+def _index() -> Field:
+    return Field("dict", fields={
+        "format_version": Field("int", lo=0, hi=1 << 16), "images": Field("str", lo=1, hi=1 << 16),
+        "backbone": SPEC, "backbone_sha256": opt(HEX64), "index_type": Field("str", lo=1, hi=256),
+        "with_patches": Field("bool"), "precision": Field("str", choices=("fp32", "bf16", "fp16")),
+        "train_size": opt(Field("int", lo=1, hi=1 << 40)), "max_index_memory": opt(Field("str|int", lo=0, hi=1 << 50)),
+        "dim": Field("int", lo=1, hi=MAX_DIM, optional=True), "count": Field("int", lo=0, hi=1 << 40, optional=True),
+        "building": Field("bool", optional=True),
+        "vectors": opt(Field("dict", fields={"factory": Field("str", lo=1, hi=256), "ondisk": Field("bool"),
+                                             "refine": Field("int", lo=0, hi=1 << 16, optional=True),
+                                             "refine_asked": opt(Field("int", lo=0, hi=1 << 16))}))})
+
+
+WORLD = Field("dict", fields={
+    "format_version": Field("int", lo=0, hi=1 << 16), "image_size": Field("int", lo=8, hi=1 << 14),
+    "config": Field("dict", fields={"seed": Field("int", lo=0, optional=True)}),
+    "counts": Field("dict", items=COUNT), "manifests_sha256": Field("dict", items=HEX64, optional=True)})
+
+SCHEMAS: dict[str, Any] = {
+    "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("pic2word"), "lincir.json": lambda: _mapper("lincir"),
+    "composer.json": lambda: _mapper("composer"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
+    "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD}
+
+FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco.json",
+         "pic2word.json": "retrain it (`foco pic2word train`)", "lincir.json": "retrain it (`foco lincir train`)",
+         "composer.json": "retrain it", "manifest.json": "extract the features again into a new --out",
+         "shard": "extract the features again into a new --out (`foco features extract`)",
+         "corpus.json": "extract the corpus again into a new --out", "index.json": "build the index again into a new "
+         "--out (`foco index build`)", "world.json": "regenerate the world (`foco world generate`)"}
+
+
+def read(kind: str, path: str | Path) -> dict:
+    """The record `kind` ("foco.json", "index.json", ...: `SCHEMAS`) at `path`, read and checked."""
+    return read_record(path, SCHEMAS[kind](), FIXES[kind])
+
+
+def check(kind: str, value: Any, path: str | Path) -> Any:
+    """`value`, a record of `kind` already read from `path`, checked."""
+    return _check(value, SCHEMAS[kind](), path, FIXES[kind])
