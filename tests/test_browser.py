@@ -39,7 +39,7 @@ def server(tiny_world, tmp_path_factory, free_port):
     build_index(IndexConfig(images=str(tiny_world / "images" / "test-single"), backbone="world:pretrained"),
                 base / "index")
     torch.manual_seed(0)
-    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco")
+    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco", {"backbone": "world:pretrained"})
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "foco", "serve", "--index", str(base / "index"), "--checkpoint",
                              str(base / "foco"), "--port", str(port)], stdout=subprocess.PIPE,

@@ -113,7 +113,7 @@ def test_the_search_engine_composes_on_the_methods_device(four_image_index, tmp_
     from foco.model import ComposedQueryEncoder, FoCoConfig
     from foco.search.engine import Query, SearchEngine
     torch.manual_seed(0)
-    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco")
+    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco", {"backbone": "world:pretrained"})
     engine = SearchEngine.open(four_image_index, checkpoint=tmp_path / "foco", device="cpu")
     assert engine.search(Query("make it red", reference=1, k=2)).hits  # on the CPU it answers
     method = engine._method("foco").to("meta")

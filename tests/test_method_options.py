@@ -97,8 +97,9 @@ def test_the_default_backbone_is_the_one_a_weights_folder_records(toy, tmp_path)
     assert recorded_spec(MethodOptions()) is None
     folder = _save(tmp_path / "toy", torch.eye(4), "world:/some/backbone")
     assert recorded_spec(MethodOptions(toy_weights=folder)) == "world:/some/backbone"
-    ckpt = _save(tmp_path / "ck", torch.eye(4), "world:/the/checkpoints")
-    (ckpt / "foco.json").write_text(json.dumps({"backbone": "world:/the/checkpoints"}))
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    ckpt = tmp_path / "ck"
+    ComposedQueryEncoder(FoCoConfig(dim=4, heads=1)).save(ckpt, {"backbone": "world:/the/checkpoints"})
     assert recorded_spec(MethodOptions(toy_weights=folder, checkpoint=ckpt)) == "world:/the/checkpoints"  # first
 
 

@@ -2,6 +2,9 @@
 about what it does not know."""
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -22,6 +25,9 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
     root = tmp_path_factory.mktemp("methods")
     torch.manual_seed(0)
     ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(root / "foco")
+    shutil.copytree(root / "foco", root / "foco-edits")  # as `foco train --edits` records its edit stage
+    meta = json.loads((root / "foco-edits" / "foco.json").read_text())
+    (root / "foco-edits" / "foco.json").write_text(json.dumps({**meta, "train": {"stage3_epochs": 1}}))
     Pic2WordMapper(Pic2WordConfig(image_dim=32, token_dim=world_bb.token_dim, hidden_dim=16)).save(root / "p2w")
     from foco.methods.lincir import LinCIRConfig, LinCIRPhi
     LinCIRPhi(LinCIRConfig(embed_dim=32, token_dim=world_bb.token_dim, hidden_ratio=1)).save(root / "lincir")
@@ -33,7 +39,7 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
         if mapper == "vsi":  # as trained: the injection's output map is no longer its zero start
             torch.nn.init.normal_(composer.mapper.out.weight, std=0.5)
         composer.save(root / method)
-    return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco", pic2word=root / "p2w", slerp_alpha=0.3,
+    return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco-edits", pic2word=root / "p2w", slerp_alpha=0.3,
                          pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb)
 
 

@@ -30,7 +30,7 @@ def engine(tiny_world, tmp_path_factory):
     build_index(IndexConfig(images=str(tiny_world / "images" / "test-single"), backbone="world:pretrained",
                             with_patches=True), base / "index")
     torch.manual_seed(0)
-    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco")
+    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco", {"backbone": "world:pretrained"})
     return SearchEngine.open(base / "index", checkpoint=base / "foco")
 
 

@@ -63,8 +63,9 @@ def _checkpoint() -> Field:
         "provenance": Field("dict", optional=True, fields={"backbone": opt(BACKBONE_RECORD)})})
 
 
-def _mapper(name: str) -> Field:
-    return Field("dict", fields={"model": Field("str", lo=1, hi=64), "backbone": opt(BACKBONE_RECORD),
+def _mapper(key: str) -> Field:
+    """A trained mapper's record: `key` names what it is ("model": pic2word, lincir; "mapper": PACT, TSCIR)."""
+    return Field("dict", fields={key: Field("str", lo=1, hi=64), "backbone": opt(BACKBONE_RECORD),
                                  "provenance": Field("dict", optional=True, fields={"backbone": opt(BACKBONE_RECORD)})})
 
 
@@ -110,8 +111,8 @@ WORLD = Field("dict", fields={
     "counts": Field("dict", items=COUNT), "manifests_sha256": Field("dict", items=HEX64, optional=True)})
 
 SCHEMAS: dict[str, Any] = {
-    "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("pic2word"), "lincir.json": lambda: _mapper("lincir"),
-    "composer.json": lambda: _mapper("composer"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
+    "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("model"), "lincir.json": lambda: _mapper("model"),
+    "composer.json": lambda: _mapper("mapper"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
     "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD}
 
 FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco.json",

@@ -56,7 +56,7 @@ def test_the_largest_index_memory_is_taken_and_one_more_is_refused():
 def test_search_at_the_largest_box_beta_and_chord_gives_finite_scores(four_image_index, tmp_path, capsys):
     from foco.model import ComposedQueryEncoder, FoCoConfig
     torch.manual_seed(0)
-    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco")
+    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco", {"backbone": "world:pretrained"})
     for beta in (MAX_BOX_BETA, -MAX_BOX_BETA):
         assert main(["search", "--index", str(four_image_index), "--checkpoint", str(tmp_path / "foco"),
                      "--text", "make it red", "--reference", "1", "--box", "0,0,40,40", "--box-beta", str(beta),
@@ -77,7 +77,7 @@ def test_a_box_too_small_to_cover_a_patch_is_refused_not_ignored(four_image_inde
     """The probe's case: a box 1e-300 px wide used to be silently no box (its cover of every patch rounds to 0)."""
     from foco.model import ComposedQueryEncoder, FoCoConfig
     torch.manual_seed(0)
-    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco")
+    ComposedQueryEncoder(FoCoConfig(dim=256)).save(tmp_path / "foco", {"backbone": "world:pretrained"})
     base = ["search", "--index", str(four_image_index), "--checkpoint", str(tmp_path / "foco"), "--text", "make it red",
             "--reference", "1", "-k", "2"]
     assert main([*base, "--box", "0,0,1e-300,1e-300"]) == 2

@@ -35,7 +35,7 @@ def client(tiny_world, tmp_path_factory):
     build_index(IndexConfig(images=str(tiny_world / "images" / "test-single"), backbone="world:pretrained"),
                 base / "index")
     torch.manual_seed(0)
-    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco")
+    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(base / "foco", {"backbone": "world:pretrained"})
     engine = SearchEngine.open(base / "index", checkpoint=base / "foco")
     return TestClient(create_app(engine, ServeLimits(max_upload_bytes=256 * 1024, max_k=50, max_knn=100)),
                       raise_server_exceptions=False)

@@ -125,13 +125,16 @@ def _command(a: argparse.Namespace) -> str:
 
 
 def input_record(path: str | Path | None, **extra) -> dict:
-    """What a store records of an input it was made from: the path (resolved), and the sha256 of a file."""
+    """What a store records of an input it was made from: the path (resolved), the sha256 of a file, and a world
+    folder's fingerprint (`world_fingerprint`: what training checks an edit store against)."""
     if path is None:
         return dict(extra)
     from ..utils.io import sha256_file
+    from ..world.generate import world_fingerprint
     p = Path(path)
+    world = world_fingerprint(p) if p.is_dir() else None
     return {"input": str(p.resolve()) if p.exists() else str(path),
-            "sha256": sha256_file(p) if p.is_file() else None, **extra}
+            "sha256": sha256_file(p) if p.is_file() else None, **({"world": world} if world else {}), **extra}
 
 
 def check_writable(path: str | Path | None, flag: str) -> None:
@@ -225,3 +228,11 @@ def add_device_arg(p: argparse.ArgumentParser) -> None:
     """--device on every command that runs a model; resolved once by `foco.utils.device.resolve_device`."""
     from ..utils.device import DEVICE_HELP
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+
+
+UNVERIFIED_HELP = ("use a trained method's folder whose record no longer says which backbone it was trained on "
+                   "(refused otherwise); the results then name it as unverified")
+
+
+def add_unverified_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--unverified", action="store_true", help=UNVERIFIED_HELP)

@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from ..utils.parse import MAX_CHORD
-from .common import add_device_arg, check_writable, flag_dest, float_or_val, positive_int
+from .common import add_device_arg, add_unverified_arg, check_writable, flag_dest, float_or_val, positive_int
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -105,7 +105,7 @@ def _eval(a: argparse.Namespace) -> int:
     _check_results_file(a.out, a.force)
     options = _reader_options(a, name)
     methods = tuple(a.methods.split(","))
-    method_options = MethodOptions(**_method_options(a, methods))
+    method_options = MethodOptions(unverified=a.unverified, **_method_options(a, methods))
     spec = a.backbone or recorded_spec(method_options)
     if a.features and not a.backbone:  # the features say what they were made with; a checkpoint is checked
         from ..benchmarks.world import world_features_backbone
@@ -175,6 +175,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     for opt, owners in declared_options().values():  # each method's own: its weights folder, its settings
         ev.add_argument(opt.flag, default=opt.default, help=f"method {', '.join(owners)}: {opt.help}"
                         + (" (its record names the default --backbone)" if opt.record else ""))
+    add_unverified_arg(ev)
     ev.add_argument("--submission-dir", default=None,
                     help="test splits of CIRR/CIRCO: where the server files go (default: beside --out, else "
                          "runs/submissions)")

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from ..utils.parse import MAX_BOX_BETA, MAX_CHORD
-from .common import add_owned_output, add_device_arg, flag_dest, float_in, positive_int
+from .common import add_owned_output, add_device_arg, add_unverified_arg, flag_dest, float_in, positive_int
 
 
 def _index_build(a: argparse.Namespace) -> int:
@@ -89,13 +89,15 @@ def _search(a: argparse.Namespace) -> int:
 def weights(a: argparse.Namespace) -> dict:
     """The given weights folders of the served methods, by option name (what `SearchEngine.open` takes)."""
     from ..methods import served_weights
-    return {name: getattr(a, flag_dest(opt.flag)) for name, (opt, _) in served_weights().items()}
+    return {**{name: getattr(a, flag_dest(opt.flag)) for name, (opt, _) in served_weights().items()},
+            "unverified": a.unverified}
 
 
 def method_args(p: argparse.ArgumentParser) -> None:
     from ..methods import served_weights
     for opt, owners in served_weights().values():  # each served method's own weights folder
         p.add_argument(opt.flag, default=None, help=f"{opt.help} (enables --method {', '.join(owners)})")
+    add_unverified_arg(p)
     p.add_argument("--box-beta", type=float_in(-MAX_BOX_BETA, MAX_BOX_BETA), default=-8.0,
                    help="attention bias inside --box (negative: attend outside the box, as chosen on val)")
     add_device_arg(p)

@@ -72,6 +72,12 @@ def _features_verify(a: argparse.Namespace) -> int:
     return 0
 
 
+def _world(a: argparse.Namespace) -> str | None:
+    """The fingerprint of --world, the world the training features come from (None without one)."""
+    from ..world.generate import world_fingerprint
+    return world_fingerprint(a.world) if a.world else None
+
+
 def _train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
     from ..model import FoCoConfig
@@ -104,7 +110,7 @@ def _train(a: argparse.Namespace) -> int:
         print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
     edits = None
     if a.edits:
-        edits = data.edit_table(create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings),
+        edits = data.edit_table(create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings, _world(a)),
                                 a.edit_features or Path(a.out) / "edit-features", env)
         if a.image_weight > 0:
             from ..train.targets import parse_threshold

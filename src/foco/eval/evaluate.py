@@ -22,7 +22,7 @@ from ..features import ExtractConfig
 from ..backbones import check_same_backbone
 from ..methods import DEFAULT_METHODS, METHODS, MethodOptions, QueryMethod, build_method
 from ..methods.base import MethodOption
-from ..methods.provenance import check_trained_on
+from ..methods.provenance import check_trained_on, unverified
 from ..model.encoder import ComposedQuery
 from .compose import compose, reference_rows
 from .rank import Chord, Rankings, rank, score, score_by_category
@@ -91,11 +91,20 @@ def evaluate(parts: list[CIRBenchmark], features: FeatureSource, cfg: EvalConfig
     if cfg.options.backbone is not None and backbone_spec is not None:
         check_same_backbone(cfg.options.backbone, "the text tower", backbone_spec, "--backbone",
                             "build both from one spec")
+    if cfg.options.unverified and unverified(cfg.options):
+        results["unverified"] = unverified(cfg.options)  # used unchecked: the report says so
     fixed = {n: build_method(n, opts=cfg.options) for n in cfg.methods if not on_val[n]}  # else built per part
+    first: list = []  # the first part's features: every other part's were made with the same backbone
     try:
         for bench in parts:
             feats = features(bench)
             _check_provenance(bench, feats, cfg, backbone_spec)
+            what = f"the features of {bench.name} {bench.split}"
+            if first:
+                check_same_backbone(feats.backbone, what, first[0], first[1],
+                                    "extract every part's features with one backbone")
+            else:
+                first[:] = [feats.backbone, what]
             if feats.backbone and feats.backbone.get("spec"):
                 results["backbone"] = feats.backbone["spec"]  # what the numbers were computed on
             entry = {"queries": len(bench.queries), "gallery": len(bench.gallery_ids()), "discarded": bench.discarded,

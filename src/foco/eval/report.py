@@ -40,6 +40,8 @@ def results_table(results: dict) -> str:
         if e.get("R@1_by_category"):
             lines += ["", f"R@1 by category ({part}):", "", metrics_table(e["R@1_by_category"])]
     lines += [f"chosen on val: {what} = {value}" for what, value in results.get("chosen", {}).items()]
+    lines += [f"UNVERIFIED (--unverified): {what} records no backbone; these numbers were not checked to come from "
+              "the features' backbone" for what in results.get("unverified", [])]
     if results.get("chosen") and results.get("split") == "val":
         lines.append("note: " + CHOSEN_ON_SCORED_SPLIT)
     return "\n".join(lines + [f"submission: {p}" for p in results.get("submissions", [])])

@@ -73,9 +73,13 @@ class MethodOptions:
         opts.replace(slerp_alpha=0.4)           # a copy with values laid over
     """
 
-    def __init__(self, *, backbone: "Backbone | None" = None, device: str | torch.device = "cpu", **values: Any):
+    def __init__(self, *, backbone: "Backbone | None" = None, device: str | torch.device = "cpu",
+                 unverified: bool = False, **values: Any):
         self.backbone = backbone
         self.device = torch.device(device)  # where the methods' trained modules run (`QueryMethod.to`)
+        # --unverified: a weights folder whose record lost what it was trained on is used unchecked (and the
+        # results say so) instead of refused (`foco.methods.provenance`)
+        self.unverified = unverified
         self.values = {k: v for k, v in values.items() if v is not None}  # None: not given
 
     def get(self, name: str, default: Any = None) -> Any:
@@ -84,10 +88,12 @@ class MethodOptions:
     def replace(self, **values: Any) -> "MethodOptions":
         backbone = values.pop("backbone", self.backbone)
         device = values.pop("device", self.device)
-        return MethodOptions(backbone=backbone, device=device, **{**self.values, **values})
+        unverified = values.pop("unverified", self.unverified)
+        return MethodOptions(backbone=backbone, device=device, unverified=unverified, **{**self.values, **values})
 
     def __repr__(self) -> str:
-        return f"MethodOptions(backbone={self.backbone!r}, device={str(self.device)!r}, {self.values!r})"
+        return (f"MethodOptions(backbone={self.backbone!r}, device={str(self.device)!r}, unverified={self.unverified}, "
+                f"{self.values!r})")
 
 
 def require(opts: MethodOptions, option: MethodOption, method: str) -> Any:

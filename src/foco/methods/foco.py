@@ -47,7 +47,24 @@ class FoCoEdits(FoCoMethod):
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "FoCoEdits":
-        return cls(require(opts, EDITS_CHECKPOINT, "foco-edits"))
+        folder = require(opts, EDITS_CHECKPOINT, "foco-edits")
+        check_edit_stage(folder, opts.unverified)
+        return cls(folder)
+
+
+def check_edit_stage(folder: str | Path, unverified: bool = False) -> None:
+    """Refuses as --foco-edits a checkpoint trained without the edit stage (its row would be foco's), and one whose
+    foco.json no longer says (unless `unverified`)."""
+    from ..model.encoder import checkpoint_meta
+    epochs = (checkpoint_meta(folder).get("train") or {}).get("stage3_epochs")
+    if epochs is None and not unverified:
+        raise ValueError(f"--foco-edits {folder}: its foco.json records no train.stage3_epochs, so whether it was "
+                         "trained with the edit stage cannot be checked; pass a checkpoint of `foco train --edits`, or "
+                         "--unverified to use it unchecked")
+    if epochs == 0:
+        raise ValueError(f"--foco-edits {folder} was trained without the edit stage (train.stage3_epochs 0 in its "
+                         "foco.json): it is a FoCo checkpoint, evaluated as --checkpoint; pass a checkpoint of `foco "
+                         "train --edits STORE`")
 
 
 class DecomposedFoCo(FoCoMethod):

@@ -15,8 +15,9 @@ def weights_options() -> dict[str, MethodOption]:
 
 
 def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
-    """(flag, folder, recorded backbone) of every trained method's folder in `opts` that records one: each was
-    trained on features of that backbone, and must be used on features of the same."""
+    """(flag, folder, recorded backbone) of every trained method's folder in `opts`: each was trained on features
+    of that backbone, and must be used on features of the same. The recorded backbone is None where the record
+    lost it (or an older foco wrote none): `check_trained_on` refuses such a folder unless `opts.unverified`."""
     out = []
     for name, opt in weights_options().items():
         folder = opts.get(name)
@@ -27,15 +28,24 @@ def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
                                     f"the path given to {opt.flag}")
         meta = _read_record(Path(folder) / opt.record)
         recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
-        if recorded is not None:
-            out.append((opt.flag, Path(folder), recorded))
+        if isinstance(recorded, dict) and not recorded.get("spec"):
+            recorded = None
+        out.append((opt.flag, Path(folder), recorded))
     return out
+
+
+def unverified(opts: MethodOptions) -> list[str]:
+    """The weights folders in `opts` that record no backbone ("--checkpoint runs/x"): what a result computed with
+    them under --unverified must name as unchecked."""
+    return [f"{flag} {folder}" for flag, folder, recorded in recorded_backbones(opts) if recorded is None]
 
 
 def recorded_spec(opts: MethodOptions) -> str | None:
     """The backbone spec the first given weights folder records (in the methods' registry order), or None: the
     default backbone when none is named."""
     for _, _, recorded in recorded_backbones(opts):
+        if recorded is None:
+            continue
         spec = recorded.get("spec") if isinstance(recorded, dict) else recorded
         if isinstance(spec, str):
             return spec
@@ -47,6 +57,13 @@ def check_trained_on(opts: MethodOptions, backbone, what: str, fix: str) -> None
     spec) of `what`, naming both, the flag and `fix`."""
     from ..backbones import check_same_backbone
     for flag, folder, recorded in recorded_backbones(opts):
+        if recorded is None:
+            if opts.unverified:
+                continue
+            record = next(o.record for o in weights_options().values() if o.flag == flag)
+            raise ValueError(f"{flag} {folder}: its {record} records no backbone (the record was edited, or an "
+                             f"older foco wrote it), so it cannot be checked against {what}; retrain it, or pass "
+                             "--unverified to use it unchecked (the results then say they are unverified)")
         check_same_backbone(recorded, f"{flag} {folder}", backbone, what,
                             f"{fix}, or pass a {flag} trained on that backbone's features")
 

@@ -124,13 +124,16 @@ class ComposedQueryEncoder(nn.Module):
         """F_Aggr's and F_Comp's parameters (the temperatures and biases are not counted)."""
         return sum(p.numel() for m in (self.aggr, self.comp) for p in m.parameters() if p.requires_grad)
 
-    def save(self, path: str | Path) -> None:
+    def save(self, path: str | Path, meta: dict | None = None) -> None:
+        """foco.safetensors and foco.json; `meta` (e.g. {"backbone": spec}: what every consumer checks the
+        checkpoint against; training records it) goes into foco.json beside the config."""
         from safetensors.torch import save as st_save
         from ..utils.io import atomic_write_bytes, atomic_write_text
         path = Path(path)
         atomic_write_bytes(path / "foco.safetensors",
                            st_save({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}))
-        atomic_write_text(path / "foco.json", json.dumps({"model": "foco", "config": asdict(self.cfg)}, indent=2))
+        atomic_write_text(path / "foco.json", json.dumps({"model": "foco", "config": asdict(self.cfg), **(meta or {})},
+                                                         indent=2))
 
     @staticmethod
     def load(path: str | Path) -> "ComposedQueryEncoder":

@@ -38,7 +38,7 @@ from PIL import Image
 from ..backbones import check_same_backbone, create_backbone
 from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_weights
-from ..methods.provenance import check_trained_on
+from ..methods.provenance import check_trained_on, unverified as unverified_folders
 from ..utils.device import move
 from ..utils.text import text_problem
 from ..model.box import box_patch_mask, patch_grid
@@ -151,7 +151,8 @@ class SearchEngine:
 
     @classmethod
     def open(cls, folder: str | Path, *, limits: Limits = Limits(), box_beta: float = DEFAULT_BOX_BETA,
-             device: str = "cpu", backbones: dict | None = None, **weights: str | Path | None) -> "SearchEngine":
+             device: str = "cpu", backbones: dict | None = None, unverified: bool = False,
+             **weights: str | Path | None) -> "SearchEngine":
         """`weights`: the served methods' weights folders by option name (`checkpoint=`, `foco_edits=`,
         `pic2word=`, ...: `MethodOption`s with a record); each is checked against the index's backbone.
         `backbones`: backbones already loaded, by spec, each with the lock its forward passes take (several
@@ -178,8 +179,11 @@ class SearchEngine:
         fix = "build an index with that backbone (`foco index build --backbone ...`)"
         check_same_backbone(backbone, f"the backbone at {meta['backbone']} now", indexed, f"the index {folder}",
                             "rebuild the index into a new --out (`foco index build`)")
-        opts = MethodOptions(backbone=backbone, device=device, **{k: Path(v) for k, v in weights.items()})
+        opts = MethodOptions(backbone=backbone, device=device, unverified=unverified,
+                             **{k: Path(v) for k, v in weights.items()})
         check_trained_on(opts, indexed, f"the index {folder}", fix)
+        for what in unverified_folders(opts):
+            log.warning("%s records no backbone: used unchecked against the index %s (--unverified)", what, folder)
         return cls(folder, Loaded.read(folder, meta, generation), backbone, opts, limits, box_beta, lock)
 
     # --- what the index holds ------------------------------------------------------------------------------

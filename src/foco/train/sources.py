@@ -282,11 +282,19 @@ class ShardDecompositions:
                                                 self.flagged, self.seen, self.store, self.decomposer)
 
 
-def edit_records(store: str | Path, settings: str | None = None) -> list:
-    """The ITT triplets of an edit store (its one generator setting, or `settings`)."""
+def edit_records(store: str | Path, settings: str | None = None, world: str | None = None) -> list:
+    """The ITT triplets of an edit store (its one generator setting, or `settings`). With `world` (the fingerprint
+    of the world the training features come from), a store whose runs record another world is refused."""
     from ..edits.store import EditStore
     with EditStore(store) as s:
         names = list(s.settings())
         if len(names) != 1 and settings not in names:
             raise ValueError(f"{store} holds {len(names)} generator settings {names}: pick one with --edit-settings")
-        return s.records(settings or names[0])
+        sid = settings or names[0]
+        made_from = {(r.get("source") or {}).get("world") for r in s.runs() if r.get("settings_id") == sid}
+        other = sorted(w for w in made_from if w and w != world)
+        if world is not None and other:
+            raise ValueError(f"--edits {store} was written from another world (fingerprint {other[0]}) than the one "
+                             f"training reads (--world, fingerprint {world}): its source ids name other images; run "
+                             "`foco edits generate --in WORLD` for this world into a new --out")
+        return s.records(sid)
