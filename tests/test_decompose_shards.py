@@ -74,15 +74,15 @@ def _merge_in_memory(inputs, out):
         for path in inputs:
             with DecompositionStore(path) as src:
                 settings = read_settings(src.db)
-                rows = src.db.execute("SELECT caption_hash, settings_id, caption, record, flag FROM decompositions"
-                                      ).fetchall()
+                rows = src.db.execute("SELECT caption_hash, settings_id, caption, record, flag, digest FROM "
+                                      "decompositions").fetchall()
             have = {(h, s): (r, f) for h, s, r, f in dst.db.execute(
                 "SELECT caption_hash, settings_id, record, flag FROM decompositions")}
             new = []
-            for h, s, caption, record, flag in rows:
+            for h, s, caption, record, flag, digest in rows:
                 old = have.get((h, s))
                 if old is None:
-                    new.append((h, s, caption, record, flag))
+                    new.append((h, s, caption, record, flag, digest))
                 elif old != (record, flag):
                     raise StoreError(f"conflict on {caption!r}")
                 else:
@@ -91,7 +91,7 @@ def _merge_in_memory(inputs, out):
                 for sid, js in settings.items():
                     dst.db.execute("INSERT OR IGNORE INTO settings VALUES (?, ?, ?)",
                                    (sid, str(js.get("name", "?")), json.dumps(js, sort_keys=True)))
-                dst.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?)", new)
+                dst.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?, ?)", new)
             added += len(new)
         flagged = dst.db.execute("SELECT COUNT(*) FROM decompositions WHERE flag != ''").fetchone()[0]
         return MergeStats(len(inputs), len(read_settings(dst.db)), added, identical, flagged)
@@ -104,7 +104,8 @@ def _synthetic_store(path, rows, settings=("s1", "s2")):
     with DecompositionStore(path) as st:
         sids = [register_settings(st.db, {"name": n}) for n in settings]
         with st.db:
-            st.db.executemany("INSERT INTO decompositions VALUES (?, ?, ?, ?, ?)",
+            st.db.executemany("INSERT INTO decompositions (caption_hash, settings_id, caption, record, flag) "
+                              "VALUES (?, ?, ?, ?, ?)",
                               [(f"h{i:06d}", sids[i % len(sids)], f"caption {i}",
                                 json.dumps({"caption": f"caption {i}", "pairs": []}), flag) for i, flag in rows])
 

@@ -100,6 +100,8 @@ def _index() -> Field:
         "train_size": opt(Field("int", lo=1, hi=1 << 40)), "max_index_memory": opt(Field("str|int", lo=0, hi=1 << 50)),
         "dim": Field("int", lo=1, hi=MAX_DIM, optional=True), "count": Field("int", lo=0, hi=1 << 40, optional=True),
         "building": Field("bool", optional=True),
+        "files": Field("dict", optional=True, items=Field("dict", fields={
+            "sha256": HEX64, "bytes": Field("int", lo=0), "mtime_ns": Field("int")})),
         "vectors": opt(Field("dict", fields={"factory": Field("str", lo=1, hi=256), "ondisk": Field("bool"),
                                              "refine": Field("int", lo=0, hi=1 << 16, optional=True),
                                              "refine_asked": opt(Field("int", lo=0, hi=1 << 16))}))})

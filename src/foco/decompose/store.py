@@ -7,6 +7,7 @@ stored exactly once. Several decomposers (or settings) can share one store; trai
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import sqlite3
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..utils.io import loads_strict
 from .schema import Decomposition, caption_hash, settings_id
 
 _SCHEMA = """
@@ -28,6 +30,7 @@ CREATE TABLE IF NOT EXISTS decompositions (
     caption TEXT NOT NULL,
     record TEXT NOT NULL,          -- Decomposition.to_dict() as JSON
     flag TEXT NOT NULL DEFAULT '', -- non-empty when a fallback produced the pairs
+    digest TEXT NOT NULL DEFAULT '', -- row_digest of the other columns ('' in rows written before it)
     PRIMARY KEY (caption_hash, settings_id)
 ) WITHOUT ROWID;
 """ + "\n" + "CREATE TABLE IF NOT EXISTS runs (settings_id TEXT NOT NULL, json TEXT NOT NULL);"
@@ -42,8 +45,13 @@ def record_run(db: sqlite3.Connection, path: Path, sid: str, source: dict | None
         db.execute("INSERT INTO runs VALUES (?, ?)", (sid, json.dumps({"source": source, **provenance()})))
 
 
-def read_runs(db: sqlite3.Connection) -> list[dict]:
-    return [{"settings_id": sid, **json.loads(j)} for sid, j in db.execute("SELECT settings_id, json FROM runs")]
+def read_runs(db: sqlite3.Connection, path: Path | None = None) -> list[dict]:
+    with reading(path or Path("the store")):
+        runs = [{"settings_id": sid, **loads_strict(j)} for sid, j in db.execute("SELECT settings_id, json FROM runs")]
+    for r in runs:
+        if not isinstance(r.get("source", {}), (dict, type(None))):
+            raise StoreError(f"{path}: a run's record is damaged (its source is not an object)")
+    return runs
 
 
 class StoreError(ValueError):
@@ -129,6 +137,44 @@ def _check_own(db: sqlite3.Connection, path: Path, schema: str, what: str) -> No
 def init_schema(db: sqlite3.Connection, schema: str) -> None:
     db.execute("PRAGMA journal_mode=WAL")
     db.executescript(schema)
+    import re
+    for table in re.findall(r"CREATE TABLE IF NOT EXISTS (\w+) \([^;]*\bdigest TEXT", schema):
+        if "digest" not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:  # a store from before
+            db.execute(f"ALTER TABLE {table} ADD COLUMN digest TEXT NOT NULL DEFAULT ''")
+
+
+def row_digest(*fields) -> str:
+    """The content hash a store row carries beside its fields (16 hex digits of their sha256): a byte changed in
+    the file (a damaged disk, an edit) is caught when the row is read, not used. SQLite checks its pages' structure
+    only, never the bytes of a value."""
+    h = hashlib.sha256()
+    for f in fields:
+        h.update(str(f).encode("utf-8", "surrogatepass") + b"\x1f")
+    return h.hexdigest()[:16]
+
+
+def check_row(path: Path, digest: str, fields: tuple, what: str) -> None:
+    """Refuses a row whose fields no longer match the digest written with them (rows from before digests, '',
+    are taken as they are)."""
+    if digest and digest != row_digest(*fields):
+        raise StoreError(f"{path}: the {what} is damaged (its content no longer matches the digest stored with it); "
+                         "restore the store from a copy, or write it again into a new --out")
+
+
+@contextlib.contextmanager
+def reading(path: Path):
+    """Reads of a store: a damaged file (a truncated or overwritten page, or text that is not UTF-8) is a
+    StoreError naming it, not a raw sqlite3 error."""
+    try:
+        yield
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path} is damaged ({exc}); restore it from a copy, or write it again into a new "
+                         "--out") from None
+    except (ValueError, TypeError, KeyError) as exc:
+        if isinstance(exc, StoreError):
+            raise
+        raise StoreError(f"{path} is damaged (a stored record does not read: {exc}); restore it from a copy, or "
+                         "write it again into a new --out") from None
 
 
 class DecompositionStore:
@@ -153,7 +199,7 @@ class DecompositionStore:
         record_run(self.db, self.path, sid, source)
 
     def runs(self) -> list[dict]:
-        return read_runs(self.db)
+        return read_runs(self.db, self.path)
 
     def done_hashes(self, sid: str, include_flagged: bool = True) -> set[str]:
         """Captions stored for `sid`; without the flagged ones (a fallback wrote them) when `include_flagged` is
@@ -167,12 +213,14 @@ class DecompositionStore:
         when `replace_flagged` (a retry of what a fallback wrote). Returns rows written."""
         rows = [(caption_hash(d.caption), sid, d.caption, json.dumps(d.to_dict(), ensure_ascii=False), d.flag)
                 for d in results]
+        rows = [(*r, row_digest(*r)) for r in rows]
         with writing(self.db, self.path):
             before = self.db.total_changes
             if replace_flagged:
                 self.db.executemany("DELETE FROM decompositions WHERE caption_hash = ? AND settings_id = ? "
                                     "AND flag != ''", [r[:2] for r in rows])
-            self.db.executemany("INSERT OR IGNORE INTO decompositions VALUES (?, ?, ?, ?, ?)", rows)
+            self.db.executemany("INSERT OR IGNORE INTO decompositions (caption_hash, settings_id, caption, record, "
+                                "flag, digest) VALUES (?, ?, ?, ?, ?, ?)", rows)
             return (self.db.total_changes - before) if not replace_flagged else len(rows)
 
     def count(self, sid: str | None = None) -> int:
@@ -185,7 +233,7 @@ class DecompositionStore:
                                (sid,)).fetchone()[0]
 
     def settings(self) -> dict[str, dict[str, Any]]:
-        return read_settings(self.db)
+        return read_settings(self.db, self.path)
 
     def resolve(self, name: str) -> str:
         """The settings id of the one decomposer called `name` in this store (an id is accepted as is)."""
@@ -207,10 +255,15 @@ class DecompositionStore:
         hashes = list(wanted)
         for i in range(0, len(hashes), 500):
             part = hashes[i:i + 500]
-            q = f"SELECT caption_hash, record FROM decompositions WHERE settings_id = ? AND caption_hash IN " \
-                f"({','.join('?' * len(part))})"
-            for h, record in self.db.execute(q, (sid, *part)):
-                found[wanted[h]] = Decomposition.from_dict(json.loads(record))
+            q = f"SELECT caption_hash, caption, record, flag, digest FROM decompositions WHERE settings_id = ? AND " \
+                f"caption_hash IN ({','.join('?' * len(part))})"
+            with reading(self.path):
+                for h, caption, record, flag, digest in self.db.execute(q, (sid, *part)):
+                    check_row(self.path, digest, (h, sid, caption, record, flag), f"decomposition of {caption[:40]!r}")
+                    if h not in wanted or caption != wanted[h]:
+                        raise StoreError(f"{self.path}: the row of caption hash {h} holds another caption; the store "
+                                         "is damaged")
+                    found[wanted[h]] = Decomposition.from_dict(loads_strict(record))
         missing = [c for c in wanted.values() if c not in found]
         if missing:
             raise StoreError(f"{len(missing)} of {len(wanted)} captions have no decomposition with settings {sid} "
@@ -227,9 +280,16 @@ def register_settings(db: sqlite3.Connection, settings: dict[str, Any]) -> str:
     return sid
 
 
-def read_settings(db: sqlite3.Connection) -> dict[str, dict[str, Any]]:
-    """settings id -> settings of every job recorded in a store."""
-    return {sid: json.loads(js) for sid, js in db.execute("SELECT settings_id, json FROM settings")}
+def read_settings(db: sqlite3.Connection, path: Path | None = None) -> dict[str, dict[str, Any]]:
+    """settings id -> settings of every job recorded in a store, each checked against its id (the id is the hash
+    of the settings: a changed byte in either is caught)."""
+    with reading(path or Path("the store")):
+        known = {sid: loads_strict(js) for sid, js in db.execute("SELECT settings_id, json FROM settings")}
+    for sid, s in known.items():
+        if not isinstance(s, dict) or settings_id(s) != sid:
+            raise StoreError(f"{path or 'the store'}: the settings recorded under id {sid} no longer hash to it: the "
+                             "store is damaged; restore it from a copy, or write it again into a new --out")
+    return known
 
 
 @dataclass
@@ -269,6 +329,8 @@ def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
                     # check, and the input is only read (a shard still being written is not blocked).
                     db.execute("BEGIN")
                     db.execute("INSERT OR IGNORE INTO main.settings SELECT settings_id, name, json FROM src.settings")
+                    src_digest = "s.digest" if "digest" in {r[1] for r in db.execute(
+                        "PRAGMA src.table_info(decompositions)")} else "''"  # a store from before row digests
                     clash = db.execute(
                         "SELECT s.caption, s.settings_id FROM src.decompositions AS s JOIN main.decompositions AS d "
                         "ON d.caption_hash = s.caption_hash AND d.settings_id = s.settings_id "
@@ -281,8 +343,9 @@ def merge_stores(inputs: list[str | Path], out: str | Path) -> MergeStats:
                         "SELECT COUNT(*) FROM src.decompositions AS s JOIN main.decompositions AS d "
                         "ON d.caption_hash = s.caption_hash AND d.settings_id = s.settings_id").fetchone()[0]
                     before = db.total_changes
-                    db.execute("INSERT INTO main.decompositions SELECT s.caption_hash, s.settings_id, s.caption, "
-                               "s.record, s.flag FROM src.decompositions AS s WHERE NOT EXISTS (SELECT 1 FROM "
+                    db.execute("INSERT INTO main.decompositions (caption_hash, settings_id, caption, record, flag, "
+                               "digest) SELECT s.caption_hash, s.settings_id, s.caption, s.record, s.flag, "
+                               f"{src_digest} FROM src.decompositions AS s WHERE NOT EXISTS (SELECT 1 FROM "
                                "main.decompositions AS d WHERE d.caption_hash = s.caption_hash "
                                "AND d.settings_id = s.settings_id)")
                     added += db.total_changes - before

@@ -6,7 +6,9 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
-from ..decompose.store import RUNS, open_store, read_runs, read_settings, record_run, register_settings, writing
+from ..decompose.store import (RUNS, StoreError, check_row, open_store, read_runs, read_settings, reading, record_run,
+                               register_settings, row_digest, writing)
+from ..utils.io import loads_strict
 from .schema import ITTRecord
 
 _SCHEMA = """
@@ -14,7 +16,7 @@ CREATE TABLE IF NOT EXISTS settings (settings_id TEXT PRIMARY KEY, name TEXT NOT
 CREATE TABLE IF NOT EXISTS sources (source_id TEXT NOT NULL, settings_id TEXT NOT NULL, n INTEGER NOT NULL,
                                     PRIMARY KEY (source_id, settings_id));
 CREATE TABLE IF NOT EXISTS triplets (source_id TEXT NOT NULL, settings_id TEXT NOT NULL, i INTEGER NOT NULL,
-                                     kind TEXT NOT NULL, record TEXT NOT NULL,
+                                     kind TEXT NOT NULL, record TEXT NOT NULL, digest TEXT NOT NULL DEFAULT '',
                                      PRIMARY KEY (source_id, settings_id, i));
 """ + RUNS
 
@@ -41,7 +43,8 @@ class EditStore:
         return read_runs(self.db)
 
     def done_sources(self, sid: str) -> set[str]:
-        return {s for (s,) in self.db.execute("SELECT source_id FROM sources WHERE settings_id = ?", (sid,))}
+        with reading(self.path):
+            return {s for (s,) in self.db.execute("SELECT source_id FROM sources WHERE settings_id = ?", (sid,))}
 
     def put_many(self, sid: str, per_source: Iterable[tuple[str, list[ITTRecord]]]) -> int:
         """Writes each source's records (possibly none: a caption no edit fits) in one transaction; returns how
@@ -52,18 +55,29 @@ class EditStore:
                 cur = self.db.execute("INSERT OR IGNORE INTO sources VALUES (?, ?, ?)", (source_id, sid, len(records)))
                 if cur.rowcount:
                     new += 1
-                    self.db.executemany("INSERT INTO triplets VALUES (?, ?, ?, ?, ?)",
-                                        [(source_id, sid, i, r.kind, json.dumps(r.to_dict())) for i, r in
-                                         enumerate(records)])
+                    rows = [(source_id, sid, i, r.kind, json.dumps(r.to_dict())) for i, r in enumerate(records)]
+                    self.db.executemany("INSERT INTO triplets (source_id, settings_id, i, kind, record, digest) "
+                                        "VALUES (?, ?, ?, ?, ?, ?)", [(*r, row_digest(*r)) for r in rows])
         return new
 
     def records(self, sid: str) -> list[ITTRecord]:
-        rows = self.db.execute("SELECT record FROM triplets WHERE settings_id = ? ORDER BY rowid", (sid,))
-        return [ITTRecord(**json.loads(r)) for (r,) in rows]
+        """The triplets of `sid` in the order they were written, each checked against its row digest."""
+        out = []
+        with reading(self.path):
+            for source_id, i, kind, record, digest in self.db.execute(
+                    "SELECT source_id, i, kind, record, digest FROM triplets WHERE settings_id = ? ORDER BY rowid",
+                    (sid,)):
+                check_row(self.path, digest, (source_id, sid, i, kind, record), f"triplet {i} of source {source_id}")
+                fields = loads_strict(record)
+                if not isinstance(fields, dict):
+                    raise StoreError(f"{self.path}: triplet {i} of source {source_id} is not a record")
+                out.append(ITTRecord(**fields))
+        return out
 
     def kinds(self, sid: str) -> dict[str, int]:
-        return dict(self.db.execute("SELECT kind, COUNT(*) FROM triplets WHERE settings_id = ? GROUP BY kind "
-                                    "ORDER BY kind", (sid,)).fetchall())
+        with reading(self.path):
+            return dict(self.db.execute("SELECT kind, COUNT(*) FROM triplets WHERE settings_id = ? GROUP BY kind "
+                                        "ORDER BY kind", (sid,)).fetchall())
 
     def settings(self) -> dict[str, dict[str, Any]]:
         return read_settings(self.db)

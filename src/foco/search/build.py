@@ -37,7 +37,7 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..backbones import canonical_spec, create_backbone
-from ..utils.io import atomic_write_text, sha256_file
+from ..utils.io import atomic_write_text, file_stamp, sha256_file, stamp_problem
 from ..utils.text import is_unicode
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar
@@ -183,8 +183,8 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
                 raise ValueError(f"{out / 'index.json'}: its {previous_meta['count']} vectors were encoded with other "
                                  f"weights of {cfg.backbone} (sha256 {previous_meta['backbone_sha256'][:12]}...) than "
                                  f"the ones there now ({now[:12]}...), and new vectors would not be comparable with "
-                                 f"them; restore the weights, or encode every image again with `foco index update {out} "
-                                 "--reencode`")
+                                 "them; restore the weights, or encode every image again with `foco index update "
+                                 f"{out} --reencode`")
             with ImageStore(out / "images.sqlite") as store:  # every vector goes: they are all re-encoded
                 store.remove(sorted(store.rows()))
             cfg = replace(cfg, retrain=True)
@@ -251,9 +251,37 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
                        round(encoded / seconds, 1) if encoded and seconds else 0.0, vec.get("growth"), len(dropped))
     sha = getattr(backbone, "weights_sha256", None) or (previous_meta or {}).get("backbone_sha256")
     atomic_write_text(out / "index.json", json.dumps({**meta, "dim": dim, "count": indexed, "vectors": vec,
-                                                      "backbone_sha256": sha, "last_run": asdict(stats)},
-                                                     indent=2) + "\n")
+                                                      "backbone_sha256": sha, "files": _stamps(out, previous_meta),
+                                                      "last_run": asdict(stats)}, indent=2) + "\n")
     return stats
+
+
+def _stamps(out: Path, previous_meta: dict | None) -> dict:
+    """The content stamps of the index's data files (the vector index, the feature arrays), by path relative to
+    `out`: a reader refuses any that changed since (`check_files`). A file whose size and mtime are those of the
+    previous run's stamp keeps it unhashed: an update hashes the vector index and the last array shard, not the
+    arrays of every image."""
+    before = (previous_meta or {}).get("files") or {}
+    files = [out / "vectors.faiss", *sorted((out / "vectors").glob("shard-*")),
+             *sorted((out / "patches").glob("shard-*"))]
+    stamps = {}
+    for p in files:
+        rel = p.relative_to(out).as_posix()
+        if p.is_file():
+            st, old = p.stat(), before.get(rel) or {}
+            same = old.get("bytes") == st.st_size and old.get("mtime_ns") == st.st_mtime_ns
+            stamps[rel] = old if same else file_stamp(p)
+    return stamps
+
+
+def check_files(out: Path, meta: dict) -> None:
+    """Refuses an index whose data files are not those index.json vouches for (a flipped byte, a truncated or
+    swapped file); an index from before the stamps were recorded is read as it is."""
+    for rel, stamp in (meta.get("files") or {}).items():
+        problem = stamp_problem(out / rel, stamp)
+        if problem:
+            raise ValueError(f"{problem}: the index is damaged; rebuild it into a new --out (`foco index build`), or "
+                             f"restore {out} from a copy")
 
 
 def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | None) -> dict:

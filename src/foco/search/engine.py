@@ -44,7 +44,7 @@ from ..utils.text import text_problem
 from ..model.box import box_patch_mask, patch_grid
 from ..utils.parse import MAX_CHORD
 from ..utils.precision import autocast
-from .build import open_image, read_meta
+from .build import check_files, open_image, read_meta
 from .store import ImageRow, ImageStore
 from .vectors import load_vector_index, search_vectors, set_search_params
 
@@ -119,6 +119,7 @@ class Loaded:
 
     @classmethod
     def read(cls, folder: Path, meta: dict, generation: tuple | None) -> "Loaded":
+        check_files(folder, meta)
         vec = meta.get("vectors") or {}
         index = load_vector_index(folder / "vectors.faiss", ivf=vec.get("nlist") is not None,
                                   ondisk=bool(vec.get("ondisk")))
@@ -212,7 +213,12 @@ class SearchEngine:
                         "it loaded: restart it to serve the new one", self.folder)
             self._loaded = Loaded(old.index, old.meta, old.refine, generation)
             return False
-        self._loaded = Loaded.read(self.folder, meta, generation)  # one assignment: a batch sees one or the other
+        try:
+            loaded = Loaded.read(self.folder, meta, generation)
+        except (OSError, ValueError, RuntimeError) as exc:  # damaged since, or a half-copied update
+            log.warning("%s; the server keeps the index it loaded", exc)
+            return False
+        self._loaded = loaded  # one assignment: a batch sees one or the other
         log.info("%s: loaded the updated index (%d images)", self.folder, self.count())
         return True
 

@@ -17,7 +17,7 @@ from typing import Iterator
 
 import numpy as np
 
-from ..decompose.store import open_store, writing
+from ..decompose.store import check_row, open_store, reading, row_digest, writing
 from .arrays import FeatureArrays
 
 _SCHEMA = """
@@ -29,12 +29,13 @@ CREATE TABLE IF NOT EXISTS images (
     sha256 TEXT NOT NULL,
     width INTEGER NOT NULL,
     height INTEGER NOT NULL,
-    slot INTEGER NOT NULL UNIQUE
+    slot INTEGER NOT NULL UNIQUE,
+    digest TEXT NOT NULL DEFAULT ''  -- row_digest(id, path, sha256, width, height, slot), '' in rows from before
 );
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY);  -- ids to take out of the FAISS index at its next write
 """
-_ROW = "id, path, size, mtime_ns, sha256, width, height"
+_ROW = "id, path, size, mtime_ns, sha256, width, height, slot, digest"
 
 
 @dataclass
@@ -82,7 +83,9 @@ class ImageStore:
         return conn
 
     def _check_schema(self, db: sqlite3.Connection) -> None:
-        cols = {r[1] for r in db.execute("PRAGMA table_info(images)")}
+        with reading(self.path):
+            cols = {r[1] for r in db.execute("PRAGMA table_info(images)")}
+        self._cols = _ROW if "digest" in cols else _ROW.replace("digest", "''")  # a read-only index from before
         if "vector" in cols or "slot" not in cols:
             raise ValueError(f"{self.path} was written by an older foco (vectors inside SQLite); build the index "
                              "again with `foco index build` into a new --out")
@@ -99,7 +102,8 @@ class ImageStore:
 
     # --- state ------------------------------------------------------------------------------------------------
     def _state(self, key: str) -> int | None:
-        r = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
+        with reading(self.path):
+            r = self.db.execute("SELECT value FROM state WHERE key = ?", (key,)).fetchone()
         return None if r is None else int(r[0])
 
     def next_slot(self) -> int:
@@ -129,16 +133,24 @@ class ImageStore:
     # --- rows -------------------------------------------------------------------------------------------------
     def rows(self) -> dict[str, ImageRow]:
         """Every row by relative path (the walk's comparison; a folder's worth of small records)."""
-        cur = self.db.execute(f"SELECT {_ROW} FROM images")
-        return {r[1]: ImageRow(*r) for r in cur}
+        with reading(self.path):
+            return {r[1]: self._checked(r) for r in self.db.execute(f"SELECT {self._cols} FROM images")}
+
+    def _checked(self, r: tuple) -> ImageRow:
+        """An `_ROW` row as an ImageRow, checked against the digest written with it."""
+        image_id, path, _, _, sha256, width, height, slot, digest = r
+        check_row(self.path, digest, (image_id, path, sha256, width, height, slot), f"row of image id {image_id}")
+        return ImageRow(*r[:7])
 
     def row(self, image_id: int) -> ImageRow | None:
-        r = self.db.execute(f"SELECT {_ROW} FROM images WHERE id = ?", (int(image_id),)).fetchone()
-        return ImageRow(*r) if r else None
+        with reading(self.path):
+            r = self.db.execute(f"SELECT {self._cols} FROM images WHERE id = ?", (int(image_id),)).fetchone()
+            return self._checked(r) if r else None
 
     def page(self, offset: int, limit: int) -> list[ImageRow]:
-        cur = self.db.execute(f"SELECT {_ROW} FROM images ORDER BY id LIMIT ? OFFSET ?", (limit, offset))
-        return [ImageRow(*r) for r in cur]
+        with reading(self.path):
+            cur = self.db.execute(f"SELECT {self._cols} FROM images ORDER BY id LIMIT ? OFFSET ?", (limit, offset))
+            return [self._checked(r) for r in cur]
 
     def rows_by_id(self, ids) -> dict[int, ImageRow]:
         """The rows of `ids` that exist, by id (one query per 900 ids)."""
@@ -146,8 +158,10 @@ class ImageStore:
         out: dict[int, ImageRow] = {}
         for s in range(0, len(ids), 900):
             part = ids[s:s + 900]
-            cur = self.db.execute(f"SELECT {_ROW} FROM images WHERE id IN ({','.join('?' * len(part))})", part)
-            out.update({r[0]: ImageRow(*r) for r in cur})
+            with reading(self.path):
+                marks = ",".join("?" * len(part))
+                cur = self.db.execute(f"SELECT {self._cols} FROM images WHERE id IN ({marks})", part)
+                out.update({r[0]: self._checked(r) for r in cur})
         return out
 
     def count(self) -> int:
@@ -194,6 +208,8 @@ class ImageStore:
                                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (row.path, row.size, row.mtime_ns, row.sha256,
                                                                        row.width, row.height, first + k))
                 ids.append(int(cur.lastrowid))
+                self.db.execute("UPDATE images SET digest = ? WHERE id = ?", (
+                    row_digest(ids[-1], row.path, row.sha256, row.width, row.height, first + k), ids[-1]))
             self.db.execute("INSERT OR REPLACE INTO state VALUES ('next_slot', ?)", (first + len(rows),))
             self._add_count(len(rows) - replaced)
         return ids
@@ -240,8 +256,10 @@ class ImageStore:
         found: dict[int, int] = {}
         for s in range(0, len(ids), 900):  # SQLite's bound-parameter limit
             part = ids[s:s + 900]
-            q = f"SELECT id, slot FROM images WHERE id IN ({','.join('?' * len(part))})"
-            found.update(self.db.execute(q, part).fetchall())
+            q = f"SELECT {self._cols} FROM images WHERE id IN ({','.join('?' * len(part))})"
+            with reading(self.path):
+                for r in self.db.execute(q, part):
+                    found[self._checked(r).id] = r[7]
         return np.array([found.get(i, -1) for i in ids], dtype=np.int64)
 
     def vector_rows(self, ids) -> np.ndarray:

@@ -187,6 +187,26 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def file_stamp(path: str | Path) -> dict:
+    """What a record keeps of a file it vouches for: {"sha256", "bytes", "mtime_ns"}."""
+    st = Path(path).stat()
+    return {"sha256": sha256_file(path), "bytes": st.st_size, "mtime_ns": st.st_mtime_ns}
+
+
+def stamp_problem(path: str | Path, stamp: dict) -> str | None:
+    """What is wrong with `path` against its `file_stamp`, or None. The bytes are hashed only when the size or
+    mtime differ from the stamp's (a reader of terabytes re-hashes nothing that was not touched)."""
+    path = Path(path)
+    if not path.is_file():
+        return f"{path} is missing"
+    st = path.stat()
+    if st.st_size == stamp.get("bytes") and st.st_mtime_ns == stamp.get("mtime_ns"):
+        return None
+    if st.st_size != stamp.get("bytes") or sha256_file(path) != stamp.get("sha256"):
+        return f"{path} changed since it was written (its size or sha256 differ from the record's)"
+    return None
+
+
 def iter_batches(items: list, batch_size: int) -> Iterator[list]:
     for i in range(0, len(items), batch_size):
         yield items[i:i + batch_size]
