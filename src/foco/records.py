@@ -55,7 +55,7 @@ def _model_config() -> Field:
 
 def _checkpoint() -> Field:
     return Field("dict", fields={
-        "model": Field("str", choices=("foco",)), "config": _model_config(),
+        "model": Field("str", choices=("foco",)), "config": _model_config(), "weights_sha256": opt(HEX64),
         "train": Field("dict", optional=True, fields={
             "stage3_epochs": Field("int", lo=0, hi=1 << 20, optional=True),
             "seed": Field("int", lo=0, optional=True)}),

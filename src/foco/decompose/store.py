@@ -102,8 +102,8 @@ def open_store(path: Path, schema: str, what: str) -> sqlite3.Connection:
         if any(k in str(exc) for k in ("disk is full", "readonly", "unable to open", "disk I/O error")):
             raise WriteError(f"cannot create or open {path}: {exc}; choose a writable --out") from exc
         raise StoreError(f"{path} is not a foco {what}: {exc}") from exc
-    except sqlite3.DatabaseError as exc:
-        raise StoreError(f"{path} is not a foco {what}: {exc}") from exc
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as exc:
+        raise StoreError(f"{path} is not a foco {what}, or is damaged: {exc}") from None
     except PermissionError as exc:
         raise WriteError(f"cannot create {path}: the folder is not writable; choose a writable --out") from exc
 

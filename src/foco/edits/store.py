@@ -14,7 +14,7 @@ from .schema import ITTRecord
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS settings (settings_id TEXT PRIMARY KEY, name TEXT NOT NULL, json TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS sources (source_id TEXT NOT NULL, settings_id TEXT NOT NULL, n INTEGER NOT NULL,
-                                    PRIMARY KEY (source_id, settings_id));
+                                    digest TEXT NOT NULL DEFAULT '', PRIMARY KEY (source_id, settings_id));
 CREATE TABLE IF NOT EXISTS triplets (source_id TEXT NOT NULL, settings_id TEXT NOT NULL, i INTEGER NOT NULL,
                                      kind TEXT NOT NULL, record TEXT NOT NULL, digest TEXT NOT NULL DEFAULT '',
                                      PRIMARY KEY (source_id, settings_id, i));
@@ -40,7 +40,7 @@ class EditStore:
         record_run(self.db, self.path, sid, source)
 
     def runs(self) -> list[dict]:
-        return read_runs(self.db)
+        return read_runs(self.db, self.path)
 
     def done_sources(self, sid: str) -> set[str]:
         with reading(self.path):
@@ -52,7 +52,9 @@ class EditStore:
         new = 0
         with writing(self.db, self.path):
             for source_id, records in per_source:
-                cur = self.db.execute("INSERT OR IGNORE INTO sources VALUES (?, ?, ?)", (source_id, sid, len(records)))
+                cur = self.db.execute("INSERT OR IGNORE INTO sources (source_id, settings_id, n, digest) VALUES "
+                                      "(?, ?, ?, ?)", (source_id, sid, len(records),
+                                                       row_digest(source_id, sid, len(records))))
                 if cur.rowcount:
                     new += 1
                     rows = [(source_id, sid, i, r.kind, json.dumps(r.to_dict())) for i, r in enumerate(records)]
@@ -61,9 +63,15 @@ class EditStore:
         return new
 
     def records(self, sid: str) -> list[ITTRecord]:
-        """The triplets of `sid` in the order they were written, each checked against its row digest."""
+        """The triplets of `sid` in the order they were written, each checked against its row digest, and every
+        source's triplets all there (as many as its row in `sources` counts: none lost, none foreign)."""
         out = []
         with reading(self.path):
+            counts = {}
+            for source_id, n, digest in self.db.execute("SELECT source_id, n, digest FROM sources WHERE "
+                                                        "settings_id = ?", (sid,)):
+                check_row(self.path, digest, (source_id, sid, n), f"count of source {source_id}")
+                counts[source_id] = n
             for source_id, i, kind, record, digest in self.db.execute(
                     "SELECT source_id, i, kind, record, digest FROM triplets WHERE settings_id = ? ORDER BY rowid",
                     (sid,)):
@@ -72,6 +80,15 @@ class EditStore:
                 if not isinstance(fields, dict):
                     raise StoreError(f"{self.path}: triplet {i} of source {source_id} is not a record")
                 out.append(ITTRecord(**fields))
+        found: dict = {}
+        for r in out:
+            found[r.source_id] = found.get(r.source_id, 0) + 1
+        wrong = next((s for s in set(found) | {s for s, n in counts.items() if n} if found.get(s, 0) != counts.get(s)),
+                     None)
+        if wrong is not None:
+            raise StoreError(f"{self.path}: source {wrong} has {found.get(wrong, 0)} triplets of settings {sid}, but "
+                             f"its row in `sources` counts {counts.get(wrong)}: the store is damaged; restore it from "
+                             "a copy, or write it again into a new --out")
         return out
 
     def kinds(self, sid: str) -> dict[str, int]:
@@ -80,4 +97,4 @@ class EditStore:
                                         "ORDER BY kind", (sid,)).fetchall())
 
     def settings(self) -> dict[str, dict[str, Any]]:
-        return read_settings(self.db)
+        return read_settings(self.db, self.path)

@@ -127,22 +127,32 @@ class ComposedQueryEncoder(nn.Module):
     def save(self, path: str | Path, meta: dict | None = None) -> None:
         """foco.safetensors and foco.json; `meta` (e.g. {"backbone": spec}: what every consumer checks the
         checkpoint against; training records it) goes into foco.json beside the config."""
+        import hashlib
         from safetensors.torch import save as st_save
         from ..utils.io import atomic_write_bytes, atomic_write_text
         path = Path(path)
-        atomic_write_bytes(path / "foco.safetensors",
-                           st_save({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()}))
-        atomic_write_text(path / "foco.json", json.dumps({"model": "foco", "config": asdict(self.cfg), **(meta or {})},
-                                                         indent=2))
+        data = st_save({k: v.detach().cpu().contiguous() for k, v in self.state_dict().items()})
+        atomic_write_bytes(path / "foco.safetensors", data)
+        atomic_write_text(path / "foco.json", json.dumps({"model": "foco", "config": asdict(self.cfg),
+                                                          "weights_sha256": hashlib.sha256(data).hexdigest(),
+                                                          **(meta or {})}, indent=2))
 
     @staticmethod
     def load(path: str | Path) -> "ComposedQueryEncoder":
         from ..utils.io import load_tensors, load_weights
         path = Path(path)
+        from ..utils.io import sha256_file
         meta = checkpoint_meta(path)
-        model = ComposedQueryEncoder(config_from_dict(meta["config"]))
+        try:
+            model = ComposedQueryEncoder(config_from_dict(meta["config"]))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path / 'foco.json'}: its config does not build a model ({exc}); retrain it with "
+                             "`foco train`, or restore its foco.json") from None
         weights = path / "foco.safetensors"
         fix = "retrain it with `foco train`, or point --checkpoint at a FoCo checkpoint folder"
+        if meta.get("weights_sha256") and weights.is_file() and sha256_file(weights) != meta["weights_sha256"]:
+            raise ValueError(f"{weights} does not match the weights_sha256 in {path / 'foco.json'} (changed or "
+                             f"damaged since it was saved, or copied from another checkpoint); {fix}")
         load_weights(model, load_tensors(weights, fix), weights, fix)
         return model.eval()
 

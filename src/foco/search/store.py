@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS images (
     width INTEGER NOT NULL,
     height INTEGER NOT NULL,
     slot INTEGER NOT NULL UNIQUE,
-    digest TEXT NOT NULL DEFAULT ''  -- row_digest(id, path, sha256, width, height, slot), '' in rows from before
+    digest TEXT NOT NULL DEFAULT ''  -- row_digest of every other column, '' in rows from before
 );
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY);  -- ids to take out of the FAISS index at its next write
@@ -138,8 +138,7 @@ class ImageStore:
 
     def _checked(self, r: tuple) -> ImageRow:
         """An `_ROW` row as an ImageRow, checked against the digest written with it."""
-        image_id, path, _, _, sha256, width, height, slot, digest = r
-        check_row(self.path, digest, (image_id, path, sha256, width, height, slot), f"row of image id {image_id}")
+        check_row(self.path, r[8], r[:8], f"row of image id {r[0]}")
         return ImageRow(*r[:7])
 
     def row(self, image_id: int) -> ImageRow | None:
@@ -208,8 +207,8 @@ class ImageStore:
                                       "VALUES (?, ?, ?, ?, ?, ?, ?)", (row.path, row.size, row.mtime_ns, row.sha256,
                                                                        row.width, row.height, first + k))
                 ids.append(int(cur.lastrowid))
-                self.db.execute("UPDATE images SET digest = ? WHERE id = ?", (
-                    row_digest(ids[-1], row.path, row.sha256, row.width, row.height, first + k), ids[-1]))
+                self.db.execute("UPDATE images SET digest = ? WHERE id = ?", (row_digest(
+                    ids[-1], row.path, row.size, row.mtime_ns, row.sha256, row.width, row.height, first + k), ids[-1]))
             self.db.execute("INSERT OR REPLACE INTO state VALUES ('next_slot', ?)", (first + len(rows),))
             self._add_count(len(rows) - replaced)
         return ids
@@ -217,7 +216,13 @@ class ImageStore:
     def touch(self, path: str, size: int, mtime_ns: int) -> None:
         """Records a new mtime for a file whose content (sha256) did not change."""
         with writing(self.db, self.path):
-            self.db.execute("UPDATE images SET size = ?, mtime_ns = ? WHERE path = ?", (size, mtime_ns, path))
+            r = self.db.execute(f"SELECT {self._cols} FROM images WHERE path = ?", (path,)).fetchone()
+            if r is None:
+                return
+            self._checked(r)
+            fields = (r[0], r[1], size, mtime_ns, *r[4:8])
+            self.db.execute("UPDATE images SET size = ?, mtime_ns = ?, digest = ? WHERE path = ?",
+                            (size, mtime_ns, row_digest(*fields) if r[8] else "", path))
 
     def remove(self, paths: list[str]) -> list[int]:
         """Drops the rows of `paths`; returns their ids."""

@@ -37,6 +37,7 @@ class WorldBenchmark:
 def load_pairs(root: str | Path, split: str) -> list[WorldPair]:
     root = Path(root)
     path = root / "pairs" / f"{split}.jsonl"
+    _check_hash(root, f"pairs/{split}.jsonl")
     out = []
     for lineno, r in enumerate(read_jsonl(path, required=("id", "image", "caption", "decomposition")), 1):
         try:
@@ -57,6 +58,8 @@ def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmar
         check_described(root, split)
     elif protocol == "restaged":  # the same, over a redrawn gallery: checked likewise
         check_restaged(root, split)
+    for name in ("gallery.jsonl", "queries.jsonl"):
+        _check_hash(root, f"benchmarks/{split}/{protocol}/{name}")
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image"))
     gids = [str(g["id"]) for g in gallery]
     _check_unique(base / "gallery.jsonl", gids)
@@ -79,7 +82,10 @@ def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmar
         bench.modifications.append(str(q["modification"]))
         bench.targets.append(targets)
         bench.subsets.append(subset)
-        bench.edit_types.append(str(q.get("edit", {}).get("type", "")))
+        edit = q.get("edit") or {}
+        if not isinstance(edit, dict):
+            raise ManifestError(f"{qpath}:{lineno}: the edit is not an object")
+        bench.edit_types.append(str(edit.get("type", "")))
     _check_unique(qpath, bench.query_ids)
     _check_count(root, f"benchmarks/{split}/{protocol}/gallery.jsonl", len(gids))
     _check_count(root, f"benchmarks/{split}/{protocol}/queries.jsonl", len(queries))
@@ -108,8 +114,20 @@ def _check_count(root: Path, rel: str, n: int) -> None:
     if want is not None and want != n:
         raise ManifestError(f"{root / rel}: {n} records, but {summary} counts {want} (lines deleted or added since "
                             "generation); regenerate the world, or check it with `foco world verify`")
+    _check_hash(root, rel, record)
+
+
+def _check_hash(root: Path, rel: str, record: dict | None = None) -> None:
+    """The manifest's bytes are those world.json hashed at generation (checked before any line is parsed)."""
+    from ..records import read
+    from ..utils.io import sha256_file
+    summary = root / "world.json"
+    if record is None:
+        if not summary.is_file():
+            return
+        record = read("world.json", summary)
     digest = (record.get("manifests_sha256") or {}).get(rel)
-    if digest is not None and sha256_file(root / rel) != digest:
+    if digest is not None and (root / rel).is_file() and sha256_file(root / rel) != digest:
         raise ManifestError(f"{root / rel} does not match the sha256 {summary} recorded at generation (lines edited, "
                             "swapped or reordered since); regenerate the world, or see what changed with `foco world "
                             "verify`")
