@@ -114,9 +114,12 @@ def walk_images(root: Path) -> list[Path]:
 def read_meta(out: Path) -> dict:
     """An index's index.json: of this format (an older one is refused with the fix), checked against its schema
     (`foco.records`)."""
-    from ..records import check
-    from ..utils.io import read_json
-    meta = read_json(out / "index.json")
+    from ..records import FIXES, check
+    from ..utils.io import ManifestError, read_json
+    try:
+        meta = read_json(out / "index.json")
+    except ManifestError as exc:
+        raise ManifestError(f"{exc}; {FIXES['index.json']}") from None
     version = meta.get("format_version") if isinstance(meta, dict) else None
     if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION:
         raise ValueError(f"{out} was written by an older foco (index format {meta.get('format_version')}, vectors "
