@@ -35,8 +35,8 @@ def _divisible(cfg: dict) -> str | None:
 
 
 def _model_config() -> Field:
-    from .model.aggr import AGGR_ATTENTIONS, AGGR_BACKGROUNDS, AGGR_QUERIES, FOCUS
-    from .model.comp import COMP_LAYERS
+    """FoCoConfig's fields (the model checks the names of its variants itself when it is built from them)."""
+    name = Field("str", lo=1, hi=64, optional=True)
     return Field("dict", rule=_divisible, fields={
         "dim": Field("int", lo=1, hi=MAX_DIM), "heads": Field("int", lo=1, hi=1024),
         "comp_depth": Field("int", lo=1, hi=256),
@@ -44,11 +44,7 @@ def _model_config() -> Field:
         **{k: Field("float", lo=0.0, hi=64.0, optional=True) for k in ("aggr_block_ffn_ratio", "aggr_ffn_ratio",
                                                                           "map_mlp_ratio")},
         "use_background": Field("bool", optional=True), "anchor_init": Field("bool", optional=True),
-        "aggr_query": Field("str", choices=AGGR_QUERIES, optional=True),
-        "aggr_attention": Field("str", choices=AGGR_ATTENTIONS, optional=True),
-        "background": Field("str", choices=AGGR_BACKGROUNDS, optional=True),
-        "comp_layers": Field("str", choices=COMP_LAYERS, optional=True),
-        "focus": Field("str", choices=FOCUS, optional=True),
+        "aggr_query": name, "aggr_attention": name, "background": name, "comp_layers": name, "focus": name,
         "init_temperature": Field("float", lo=1e-6, hi=1e4, optional=True),
         "learn_bias": Field("bool", optional=True), "init_bias": Field("float", lo=-1e4, hi=1e4, optional=True)})
 

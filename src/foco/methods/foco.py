@@ -56,7 +56,10 @@ def check_edit_stage(folder: str | Path, unverified: bool = False) -> None:
     """Refuses as --foco-edits a checkpoint trained without the edit stage (its row would be foco's), and one whose
     foco.json no longer says (unless `unverified`)."""
     from ..model.encoder import checkpoint_meta
-    epochs = (checkpoint_meta(folder).get("train") or {}).get("stage3_epochs")
+    meta = checkpoint_meta(folder)
+    if "recipe" in meta:  # written by a run whose edit stage ran (a resumed one records its first settings)
+        return
+    epochs = (meta.get("train") or {}).get("stage3_epochs")
     if epochs is None and not unverified:
         raise ValueError(f"--foco-edits {folder}: its foco.json records no train.stage3_epochs, so whether it was "
                          "trained with the edit stage cannot be checked; pass a checkpoint of `foco train --edits`, or "

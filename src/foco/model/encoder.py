@@ -150,10 +150,12 @@ class ComposedQueryEncoder(nn.Module):
                              "`foco train`, or restore its foco.json") from None
         weights = path / "foco.safetensors"
         fix = "retrain it with `foco train`, or point --checkpoint at a FoCo checkpoint folder"
-        if meta.get("weights_sha256") and weights.is_file() and sha256_file(weights) != meta["weights_sha256"]:
+        changed = meta.get("weights_sha256") and weights.is_file() and sha256_file(weights) != meta["weights_sha256"]
+        tensors = load_tensors(weights, fix)  # an unreadable file says so first
+        if changed:
             raise ValueError(f"{weights} does not match the weights_sha256 in {path / 'foco.json'} (changed or "
                              f"damaged since it was saved, or copied from another checkpoint); {fix}")
-        load_weights(model, load_tensors(weights, fix), weights, fix)
+        load_weights(model, tensors, weights, fix)
         return model.eval()
 
 

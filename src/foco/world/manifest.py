@@ -36,8 +36,27 @@ class WorldBenchmark:
 
 def load_pairs(root: str | Path, split: str) -> list[WorldPair]:
     root = Path(root)
+    return _hashed(root, [f"pairs/{split}.jsonl"], lambda: _load_pairs(root, split))
+
+
+def _hashed(root: Path, rels: list[str], parse):
+    """`parse()` of manifests whose bytes match world.json's sha256. A manifest that does not match is refused,
+    by the line-level error parsing it finds where it finds one (the more precise message), else by its hash:
+    nothing read from a changed manifest is returned, and parsing it can fail no other way."""
+    problem = next((p for rel in rels if (p := _hash_problem(root, rel))), None)
+    if problem is None:
+        return parse()
+    try:
+        parse()
+    except ManifestError:
+        raise
+    except Exception:  # noqa: BLE001  (a damaged file: the hash says what is wrong)
+        pass
+    raise ManifestError(problem)
+
+
+def _load_pairs(root: Path, split: str) -> list[WorldPair]:
     path = root / "pairs" / f"{split}.jsonl"
-    _check_hash(root, f"pairs/{split}.jsonl")
     out = []
     for lineno, r in enumerate(read_jsonl(path, required=("id", "image", "caption", "decomposition")), 1):
         try:
@@ -53,13 +72,16 @@ def load_pairs(root: str | Path, split: str) -> list[WorldPair]:
 
 def load_benchmark(root: str | Path, split: str, protocol: str) -> WorldBenchmark:
     root = Path(root)
+    rels = [f"benchmarks/{split}/{protocol}/{name}" for name in ("gallery.jsonl", "queries.jsonl")]
+    return _hashed(root, rels, lambda: _load_benchmark(root, split, protocol))
+
+
+def _load_benchmark(root: Path, split: str, protocol: str) -> WorldBenchmark:
     base = root / "benchmarks" / split / protocol
     if protocol == "described":  # single's queries with described text: checked against the world it came from
         check_described(root, split)
     elif protocol == "restaged":  # the same, over a redrawn gallery: checked likewise
         check_restaged(root, split)
-    for name in ("gallery.jsonl", "queries.jsonl"):
-        _check_hash(root, f"benchmarks/{split}/{protocol}/{name}")
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image"))
     gids = [str(g["id"]) for g in gallery]
     _check_unique(base / "gallery.jsonl", gids)
@@ -114,23 +136,26 @@ def _check_count(root: Path, rel: str, n: int) -> None:
     if want is not None and want != n:
         raise ManifestError(f"{root / rel}: {n} records, but {summary} counts {want} (lines deleted or added since "
                             "generation); regenerate the world, or check it with `foco world verify`")
-    _check_hash(root, rel, record)
+    problem = _hash_problem(root, rel, record)
+    if problem:
+        raise ManifestError(problem)
 
 
-def _check_hash(root: Path, rel: str, record: dict | None = None) -> None:
-    """The manifest's bytes are those world.json hashed at generation (checked before any line is parsed)."""
+def _hash_problem(root: Path, rel: str, record: dict | None = None) -> str | None:
+    """What is wrong with a manifest's bytes against the sha256 world.json recorded at generation, or None (also
+    for a folder of manifests without world.json, a user's)."""
     from ..records import read
     from ..utils.io import sha256_file
     summary = root / "world.json"
     if record is None:
         if not summary.is_file():
-            return
+            return None
         record = read("world.json", summary)
     digest = (record.get("manifests_sha256") or {}).get(rel)
     if digest is not None and (root / rel).is_file() and sha256_file(root / rel) != digest:
-        raise ManifestError(f"{root / rel} does not match the sha256 {summary} recorded at generation (lines edited, "
-                            "swapped or reordered since); regenerate the world, or see what changed with `foco world "
-                            "verify`")
+        return (f"{root / rel} does not match the sha256 {summary} recorded at generation (lines edited, swapped or "
+                "reordered since); regenerate the world, or see what changed with `foco world verify`")
+    return None
 
 
 def _check_unique(path: Path, ids: list[str]) -> None:
