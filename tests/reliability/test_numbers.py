@@ -83,3 +83,52 @@ def test_a_box_too_small_to_cover_a_patch_is_refused_not_ignored(four_image_inde
     assert main([*base, "--box", "0,0,1e-300,1e-300"]) == 2
     assert "too small to cover any patch" in capsys.readouterr().err
     assert main([*base, "--box", "0,0,1,1"]) == 0  # one pixel still anchors its patch
+
+
+TEXT_TYPES = {"setting_list"}  # options whose values are names, not numbers
+
+
+def test_no_numeric_option_takes_a_value_that_overflows(capsys):
+    """Issue 42 item 3: every option typed as a number has a documented finite range (`foco.utils.parse`), so no
+    command takes 1e308, -1e308 or nan: a learning rate, a loss weight, a timeout, a seed, a count, a share alike."""
+    import argparse
+    from foco.cli import build_parser
+    from foco.methods import declared_options
+    taken = []
+
+    def walk(p, name):
+        for a in p._actions:
+            if isinstance(a, argparse._SubParsersAction):
+                for n, sp in a.choices.items():
+                    walk(sp, f"{name} {n}")
+            elif a.option_strings and a.type not in (None, str) and getattr(a.type, "__name__", "") not in TEXT_TYPES:
+                for v in ("1e308", "-1e308", "nan", "inf"):
+                    try:
+                        a.type(v)
+                    except (argparse.ArgumentTypeError, ValueError):
+                        continue
+                    taken.append(f"{name} {a.option_strings[-1]} {v}")
+    walk(build_parser(), "foco")
+    for opt, _ in declared_options().values():
+        if opt.parse is float or getattr(opt.parse, "__module__", "").startswith("foco"):
+            for v in ("1e308", "nan"):
+                try:
+                    value = opt.parse(v)
+                except (argparse.ArgumentTypeError, ValueError):
+                    continue
+                if not isinstance(value, str):
+                    taken.append(f"{opt.flag} {v}")
+    assert not taken, taken
+
+
+def test_training_at_the_largest_learning_rates_keeps_the_weights_finite(tiny_world, train_features, tmp_path):
+    from safetensors.torch import load_file
+    from foco.utils.parse import MAX_LR
+    lr = str(MAX_LR)
+    assert main(["train", "--features", str(train_features), "--world", str(tiny_world), "--out", str(tmp_path / "o"),
+                 "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "64", "--lr-stage1", lr,
+                 "--lr-aggr", lr, "--lr-comp", lr]) == 0
+    assert all(torch.isfinite(t).all() for t in load_file(tmp_path / "o" / "foco.safetensors").values())
+    for flag in ("--lr-stage1", "--lr-aggr", "--lr-comp"):
+        with pytest.raises(SystemExit):
+            main(["train", "--features", str(train_features), "--out", str(tmp_path / "x"), flag, str(MAX_LR * 1.5)])

@@ -114,6 +114,24 @@ def test_a_caption_beyond_the_parser_limit_is_decomposed_in_pieces_and_its_batch
     assert "".join(pieces) == long and max(map(len, pieces)) <= 120
 
 
+def test_edits_read_a_caption_beyond_the_parser_limit_in_pieces_as_decompose_does(monkeypatch):
+    """Issue 42 class 5: `edits generate` parsed every caption whole, and a 1.2-million-character one stopped it
+    at spaCy's limit; it now cuts it where decompose does. Here the limit is 200 characters, the pieces 120."""
+    pytest.importorskip("spacy")
+    from foco.decompose import rule
+    from foco.decompose.rule import RuleDecomposer, load_spacy
+    from foco.edits.derive import PhrasePool
+    monkeypatch.setattr(rule, "PIECE_CHARS", 120)
+    nlp = load_spacy()
+    monkeypatch.setattr(nlp, "max_length", 200)
+    long = " ".join(["a red circle next to a blue star on a sandy beach"] * 12)  # 600 characters
+    decs = [RuleDecomposer().decompose(c) for c in ("a dog on a sofa", long, "a cat under a table")]
+    with pytest.raises(ValueError, match="max_length"):  # the limit holds: a whole caption is refused by spaCy
+        list(nlp.pipe([long]))
+    pool = PhrasePool.build(decs, nlp=nlp, min_shared_heads=1)
+    assert "circle" in {head for head, _ in pool.parse.values()}
+
+
 
 def _circo(root: Path, caption: str) -> Path:
     from PIL import Image
@@ -447,3 +465,16 @@ def test_an_embedding_beyond_float32_is_refused(small_index):
     r = c.post("/knn-service", json={"embedding_input": [0.1] * engine.dim, "num_images": 2, "aesthetic_weight": "0.5",
                                      "aesthetic_score": ""})
     assert r.status_code == 200 and len(r.json()) == 2  # clip-front's string fields are accepted
+
+
+@pytest.mark.parametrize("line,field", [('{"id": "a\\ud800", "caption": "a red circle"}', "field id"),
+                                        ('{"id": "1", "caption": "a red circle", "meta": {"tags": ["x\\udfff"]}}',
+                                         "field meta.tags[0]")])
+def test_a_lone_surrogate_in_any_jsonl_field_is_refused_by_file_line_and_field(tmp_path, capsys, line, field):
+    """Issue 42 class 5: the caption was checked, other fields (an id) reached the codec when written."""
+    path = tmp_path / "captions.jsonl"
+    path.write_text('{"id": "0", "caption": "a blue star"}\n' + line + "\n")
+    assert main(["decompose", "--in", str(path), "--decomposer", "rule", "--out", str(tmp_path / "s.sqlite")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}:2: {field} holds a lone surrogate" in err and "Traceback" not in err, err
+    assert not (tmp_path / "s.sqlite").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_device_arg, add_owned_output, add_precision_arg, nonneg_int, positive_float, positive_int,
+from .common import (add_device_arg, add_owned_output, add_precision_arg, learning_rate, nonneg_int, positive_int,
                      print_table, seed_int)
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
@@ -40,7 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_owned_output(t, signature=("train_state", "train_log.jsonl"), kind="world backbone")
     t.add_argument("--epochs", type=nonneg_int, default=6, help="passes over the training data")
     t.add_argument("--batch-size", type=positive_int, default=256, help="examples per step")
-    t.add_argument("--lr", type=positive_float, default=2e-3,
+    t.add_argument("--lr", type=learning_rate, default=2e-3,
                    help="peak learning rate (linear warm-up, then cosine decay)")
     t.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     t.add_argument("--threads", type=positive_int, default=None, help="torch CPU threads (default: torch's choice)")

@@ -45,14 +45,29 @@ def finite_float(v: str) -> float:
     return _float(v, lambda x: True, "")
 
 
-def positive_float(v: str) -> float:
-    """argparse type: a finite number > 0 (learning rates, timeouts)."""
-    return _float(v, lambda x: x > 0, "is not > 0")
+def _positive_at_most(hi: float, what: str):
+    def parse(v: str) -> float:
+        return _float(v, lambda x: 0 < x <= hi, f"is not a {what} in (0, {hi:g}]")
+    return parse
 
 
-def nonneg_float(v: str) -> float:
-    """argparse type: a finite number >= 0 (loss weights, Chord's lambda)."""
-    return _float(v, lambda x: x >= 0, "is negative")
+def _nonneg_at_most(hi: float, what: str):
+    def parse(v: str) -> float:
+        return _float(v, lambda x: 0 <= x <= hi, f"is not a {what} in [0, {hi:g}]")
+    return parse
+
+
+def _ranges():
+    from ..utils import parse as p
+    return p.MAX_LR, p.MAX_LOSS_WEIGHT, p.MAX_SECONDS, p.MAX_LORA_ALPHA
+
+
+_LR, _WEIGHT, _SECONDS, _ALPHA = _ranges()
+learning_rate = _positive_at_most(_LR, "learning rate")  # argparse types, each within its documented range
+loss_weight = _nonneg_at_most(_WEIGHT, "loss weight")  # (`foco.utils.parse`): nothing downstream overflows
+seconds = _positive_at_most(_SECONDS, "time in seconds")
+wait_seconds = _nonneg_at_most(_SECONDS, "time in seconds")
+lora_alpha = _positive_at_most(_ALPHA, "LoRA alpha")
 
 
 def unit_float(v: str) -> float:
@@ -196,9 +211,9 @@ def add_llm_args(p: argparse.ArgumentParser) -> None:
                           "are used round-robin and a failing one rests")
     llm.add_argument("--llm-model", default=None, help="model name (env FOCO_LLM_MODEL)")
     llm.add_argument("--llm-key", default=None, help="API key (env FOCO_LLM_API_KEY or OPENAI_API_KEY)")
-    llm.add_argument("--timeout", type=positive_float, default=60.0, help="seconds per request")
+    llm.add_argument("--timeout", type=seconds, default=60.0, help="seconds per request")
     llm.add_argument("--retries", type=nonneg_int, default=3, help="retries per item before the rule fallback")
-    llm.add_argument("--backoff", type=nonneg_float, default=1.0, help="first retry wait in seconds (doubles)")
+    llm.add_argument("--backoff", type=wait_seconds, default=1.0, help="first retry wait in seconds (doubles)")
     llm.add_argument("--concurrency", type=positive_int, default=4,
                      help="requests in flight, across store transactions (about the servers' batch size in all)")
     llm.add_argument("--max-tokens", type=positive_int, default=400, help="most tokens an LLM answer may use")
@@ -209,7 +224,7 @@ def add_commit_args(p: argparse.ArgumentParser, unit: str) -> None:
     """When a streaming LLM job stores what has completed: every N results or S seconds, one transaction each."""
     p.add_argument("--commit-every", type=positive_int, default=256,
                    help=f"llm: {unit} per store transaction (results are stored as they complete)")
-    p.add_argument("--commit-seconds", type=positive_float, default=5.0,
+    p.add_argument("--commit-seconds", type=seconds, default=5.0,
                    help="llm: store what has completed at least this often (seconds)")
 
 

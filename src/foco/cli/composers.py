@@ -5,7 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import add_device_arg, add_owned_output, nonneg_float, nonneg_int, positive_float, positive_int, seed_int
+from .common import (add_device_arg, add_owned_output, learning_rate, lora_alpha, loss_weight, nonneg_int,
+                     positive_int, seed_int)
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
@@ -103,7 +104,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")
     p.add_argument("--lora-rank", type=positive_int, default=8, help="LoRA rank (hf text tower)")
-    p.add_argument("--lora-alpha", type=positive_float, default=16.0, help="LoRA alpha (hf text tower)")
+    p.add_argument("--lora-alpha", type=lora_alpha, default=16.0, help="LoRA alpha (hf text tower)")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each phase's steps (smoke runs)")
     p.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     add_resume_args(p)
@@ -122,15 +123,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="warm-up of the mapper alone (0 with --mapper-init)")
     p.add_argument("--joint-epochs", type=nonneg_int, default=3,
                    help="epochs of joint mapper + text-tower updates on the triplets")
-    p.add_argument("--lr-warmup", type=positive_float, default=1e-4,
+    p.add_argument("--lr-warmup", type=learning_rate, default=1e-4,
                    help="the mapper's learning rate in the identity warm-up")
-    p.add_argument("--lr-mapper", type=positive_float, default=3e-5,
+    p.add_argument("--lr-mapper", type=learning_rate, default=3e-5,
                    help="the mapper's learning rate in the joint updates")
-    p.add_argument("--lr-text", type=positive_float, default=1e-5,
+    p.add_argument("--lr-text", type=learning_rate, default=1e-5,
                    help="the text tower's learning rate in the joint updates")
-    p.add_argument("--compose-weight", type=nonneg_float, default=1.0, help="L_compose (0: preserve-only ablation)")
-    p.add_argument("--preserve-weight", type=nonneg_float, default=1.0, help="L_preserve (0: compose-only ablation)")
-    p.add_argument("--visual-weight", type=nonneg_float, default=0.0, help="alpha of L_visual")
+    p.add_argument("--compose-weight", type=loss_weight, default=1.0, help="L_compose (0: preserve-only ablation)")
+    p.add_argument("--preserve-weight", type=loss_weight, default=1.0, help="L_preserve (0: compose-only ablation)")
+    p.add_argument("--visual-weight", type=loss_weight, default=0.0, help="alpha of L_visual")
     p.add_argument("--no-negatives", action="store_true", help="no negative captions in L_compose")
     p.add_argument("--mapper-init", default=None, help="a Pic2Word checkpoint to start the mapper from")
     p.set_defaults(func=_pact_train)
@@ -141,9 +142,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     _data_args(t)
     t.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     t.add_argument("--stage2-epochs", type=nonneg_int, default=3, help="epochs of the second stage")
-    t.add_argument("--lr-stage1", type=positive_float, default=1e-4, help="learning rate of the first stage")
-    t.add_argument("--lr-stage2", type=positive_float, default=1e-5, help="learning rate of the second stage")
-    t.add_argument("--soft-weight", type=nonneg_float, default=1.0, help="weight of the soft text alignment")
+    t.add_argument("--lr-stage1", type=learning_rate, default=1e-4, help="learning rate of the first stage")
+    t.add_argument("--lr-stage2", type=learning_rate, default=1e-5, help="learning rate of the second stage")
+    t.add_argument("--soft-weight", type=loss_weight, default=1.0, help="weight of the soft text alignment")
     t.add_argument("--target-threshold", default="auto",
                    help="a cosine, or 'auto': the corpus's median caption-image cosine")
     t.add_argument("--max-triplets", type=positive_int, default=None, help="keep at most this many synthetic triplets")

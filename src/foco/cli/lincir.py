@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device_arg, add_owned_output, positive_float, positive_int, seed_int
+from .common import add_device_arg, add_owned_output, learning_rate, positive_int, seed_int
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_owned_output(t, signature=("train_state", "train_log.jsonl"), kind="LinCIR phi")
     t.add_argument("--epochs", type=positive_int, default=20, help="passes over the captions")
     t.add_argument("--batch-size", type=positive_int, default=256, help="captions per step (the reference: 256-512)")
-    t.add_argument("--lr", type=positive_float, default=1e-4, help="learning rate (constant, the reference's)")
+    t.add_argument("--lr", type=learning_rate, default=1e-4, help="learning rate (constant, the reference's)")
     t.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     add_device_arg(t)
     add_resume_args(t)

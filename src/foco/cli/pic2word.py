@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device_arg, add_owned_output, nonneg_int, positive_float, positive_int, seed_int
+from .common import add_device_arg, add_owned_output, learning_rate, nonneg_int, positive_int, seed_int
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     pt.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     pt.add_argument("--epochs", type=nonneg_int, default=2, help="passes over the training data")
     pt.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
-    pt.add_argument("--lr", type=positive_float, default=5e-4,
+    pt.add_argument("--lr", type=learning_rate, default=5e-4,
                     help="peak learning rate (linear warm-up, then cosine decay)")
     pt.add_argument("--optimizer", default="reference", choices=["reference", "adamw"],
                     help="reference: Pic2Word's trainer (AdamW, betas 0.9/0.98, eps 1e-6, no decay on biases and "

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_decomposition_args, add_device_arg, add_owned_output, add_precision_arg, nonneg_float,
-                     nonneg_int, positive_float, positive_int, seed_int)
+from .common import (add_decomposition_args, add_device_arg, add_owned_output, add_precision_arg, learning_rate,
+                     loss_weight, nonneg_int, positive_int, seed_int)
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
@@ -177,9 +177,9 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--stage1-epochs", type=nonneg_int, default=3, help="epochs of the first stage")
     tr.add_argument("--stage2-epochs", type=nonneg_int, default=30, help="epochs of the second stage")
     tr.add_argument("--batch-size", type=positive_int, default=512, help="examples per step")
-    tr.add_argument("--lr-stage1", type=positive_float, default=5e-4, help="learning rate of the first stage")
-    tr.add_argument("--lr-aggr", type=positive_float, default=5e-5, help="F_Aggr's learning rate in stage 2")
-    tr.add_argument("--lr-comp", type=positive_float, default=3e-5, help="F_Comp's learning rate in stage 2")
+    tr.add_argument("--lr-stage1", type=learning_rate, default=5e-4, help="learning rate of the first stage")
+    tr.add_argument("--lr-aggr", type=learning_rate, default=5e-5, help="F_Aggr's learning rate in stage 2")
+    tr.add_argument("--lr-comp", type=learning_rate, default=3e-5, help="F_Comp's learning rate in stage 2")
     tr.add_argument("--max-negatives", type=nonneg_int, default=None, help="cap on cross-instance negatives per anchor")
     tr.add_argument("--max-pairs", type=positive_int, default=5,
                     help="K: the decomposition pairs used per image, each image's first ones (the paper's K = 4 "
@@ -217,10 +217,10 @@ def _add_edit_args(tr: argparse.ArgumentParser) -> None:
     ed.add_argument("--edit-settings", default=None, help="which generator settings of the store (if several)")
     ed.add_argument("--edit-features", default=None, help="cache of the edit texts (default OUT/edit-features)")
     ed.add_argument("--stage3-epochs", type=nonneg_int, default=2, help="epochs of the edit stage (with --edits)")
-    ed.add_argument("--lr-edit", type=positive_float, default=1e-4, help="F_Aggr's and F_Comp's rate in the edit stage")
-    ed.add_argument("--preserve-weight", type=nonneg_float, default=0.3, help="weight of L_preserve (the source image)")
+    ed.add_argument("--lr-edit", type=learning_rate, default=1e-4, help="F_Aggr's and F_Comp's rate in the edit stage")
+    ed.add_argument("--preserve-weight", type=loss_weight, default=0.3, help="weight of L_preserve (the source image)")
     ed.add_argument("--no-edit-negatives", action="store_true", help="no negative captions as hard negatives")
-    ed.add_argument("--image-weight", type=nonneg_float, default=0.0,
+    ed.add_argument("--image-weight", type=loss_weight, default=0.0,
                     help="weight of the retrieved target image's InfoNCE (0: captions only; see --target-threshold)")
     ed.add_argument("--target-threshold", default="auto",
                     help="target images retrieved from the corpus: a cosine, or 'auto' (the corpus's median "

@@ -90,7 +90,8 @@ class PhrasePool:
         nlp = nlp or _spacy()
         governed = defaultdict(set)  # head noun -> "prep:on", "prep:under", ... as the full captions use it
         free = set()  # head nouns seen outside a prepositional phrase at least once
-        captions = list(dict.fromkeys(d.caption for d in decompositions))
+        from ..decompose.rule import split_pieces  # a long caption is parsed in pieces, as decompose parses it
+        captions = [piece for c in dict.fromkeys(d.caption for d in decompositions) for piece in split_pieces(c)]
         for doc in nlp.pipe(captions, batch_size=256, disable=["ner", "lemmatizer"]):
             for tok in doc:
                 if tok.pos_ not in ("NOUN", "PROPN"):
@@ -100,7 +101,9 @@ class PhrasePool:
                 else:
                     free.add(tok.text.lower())
         parse = {}
-        for phrase, doc in zip(phrases, nlp.pipe(phrases, batch_size=256)):
+        # a phrase's head and modifiers are read from its first piece (a phrase is a few words; a huge one, only
+        # an oracle's or an LLM's, is cut where decompose would cut it)
+        for phrase, doc in zip(phrases, nlp.pipe((split_pieces(p)[0] for p in phrases), batch_size=256)):
             root = next((t for t in doc if t.head == t), None)
             mods = tuple(t.text for t in doc if t is not root and t.dep_ in ("amod", "compound", "nummod")
                          and t.pos_ in ("ADJ", "NOUN", "PROPN", "NUM"))

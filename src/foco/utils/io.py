@@ -121,7 +121,33 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
                 raise ManifestError(f"{path}:{lineno}: not valid JSON ({exc})") from None
             if not isinstance(rec, dict):
                 raise ManifestError(f"{path}:{lineno}: expected a JSON object, got {type(rec).__name__}")
+            if "\\u" in line:  # only an escape can spell a lone surrogate (U+D800-U+DFFF) in UTF-8 text
+                field = _surrogate_field(rec)
+                if field is not None:
+                    raise ManifestError(f"{path}:{lineno}: field {field} holds a lone surrogate (half of a UTF-16 pair, "
+                                        "written as a \\uD8xx-\\uDFxx escape), which is not text any UTF-8 file "
+                                        "or tokenizer can hold; fix the line")
             yield lineno, rec
+
+
+def _surrogate_field(value: Any, name: str = "") -> str | None:
+    """The dotted name of the first key or string in `value` that holds a lone surrogate, or None."""
+    from .text import is_unicode
+    if isinstance(value, str):
+        return None if is_unicode(value) else (name or "(the value)")
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not is_unicode(k):
+                return f"{name}.(a key)" if name else "(a key)"
+            found = _surrogate_field(v, f"{name}.{k}" if name else k)
+            if found:
+                return found
+    if isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _surrogate_field(v, f"{name}[{i}]")
+            if found:
+                return found
+    return None
 
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> list[dict[str, Any]]:
@@ -154,7 +180,8 @@ def read_json(path: str | Path) -> Any:
     except OSError as exc:
         raise ManifestError(f"{path}: cannot be read ({exc.strerror})") from None
     try:
-        return loads_strict(raw.decode("utf-8"))
+        text = raw.decode("utf-8")
+        value = loads_strict(text)
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start}); the file "
                             "is damaged") from None
@@ -162,6 +189,11 @@ def read_json(path: str | Path) -> Any:
         raise ManifestError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except (ValueError, RecursionError) as exc:
         raise ManifestError(f"{path}: not valid JSON ({exc})") from None
+    field = _surrogate_field(value) if "\\u" in text else None
+    if field is not None:
+        raise ManifestError(f"{path}: field {field} holds a lone surrogate (half of a UTF-16 pair, written as a "
+                            "\\uD8xx-\\uDFxx escape), which is not text any UTF-8 file or tokenizer can hold")
+    return value
 
 
 def load_image(path: str | Path) -> Image.Image:

@@ -11,6 +11,13 @@ MAX_CHORD = 100.0  # Chord's lambda, wherever it is given (foco eval, search, se
 #                    alone orders the shortlist, and within it every score stays finite
 MAX_BOX_BETA = 100.0  # |beta| of box anchoring: beyond it the box alone decides F_Aggr's attention, and within it
 #                       the attention logits stay finite
+MAX_LR = 10.0  # a learning rate (every trainer's --lr*): AdamW's step is at most lr per weight, so within it a step
+#               stays finite; a rate near it already diverges, and the loop stops on the first non-finite loss
+MAX_LOSS_WEIGHT = 1000.0  # a loss term's weight (--preserve-weight, --image-weight, ...): with sigmoid and
+#                          InfoNCE losses (at most a few hundred at a batch of 512) the sum stays far inside fp32
+MAX_SECONDS = 86400.0  # a wait or timeout in seconds (--timeout, --backoff, --commit-seconds): one day; beyond it a
+#                        socket or sleep call overflows the platform's time types
+MAX_LORA_ALPHA = 1e4  # LoRA's alpha (its update is scaled by alpha / rank)
 MAX_SEED = 2 ** 32 - 1  # a training or generation seed: numpy's and torch's generators take it as it is
 INT64 = (-2 ** 63, 2 ** 63 - 1)
 _INT = re.compile(r"[+-]?[0-9]+")
