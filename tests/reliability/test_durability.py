@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from conftest import _shared
+from foco.cli import main
 
 CHILD = """import os, resource, signal, sys
 limit = int(os.environ.pop("FOCO_TEST_FSIZE", "0"))
@@ -141,6 +142,38 @@ def test_a_read_only_output_folder_is_named_with_the_fix(read_only_folder, tmp_p
     assert str(ro) in r.stderr and ("not writable" in r.stderr or "read-only" in r.stderr), r.stderr
     assert "Traceback" not in r.stderr and "choose a writable --out" in r.stderr
     assert list(ro.iterdir()) == []
+
+
+def _writing_commands(world, feats, ro):
+    """Every command that writes an output folder, pointed at one in `ro` (issue 42 item 5)."""
+    return {
+        "features extract": ["features", "extract", "--world", world, "--split", "test/single", "--backbone",
+                             "world:pretrained", "--out", ro / "f"],
+        "train": ["train", "--features", feats, "--world", world, "--out", ro / "t"],
+        "index build": ["index", "build", "--images", world / "images" / "test-single", "--backbone",
+                        "world:pretrained", "--out", ro / "i"],
+        "pic2word train": ["pic2word", "train", "--features", feats, "--out", ro / "p"],
+        "lincir train": ["lincir", "train", "--world", world, "--backbone", "world:pretrained", "--out", ro / "l"],
+        "backbone train": ["backbone", "train", "--world", world, "--out", ro / "b"],
+        "edits generate": ["edits", "generate", "--in", world, "--out", ro / "e.sqlite"],
+        "quickstart": ["quickstart", "--out", ro / "q", "--size", "tiny"],
+        "world generate": ["world", "generate", "--out", ro / "w", "--size", "tiny"],
+        "eval --out": ["eval", "--benchmark", "world", "--root", world, "--split", "test", "--methods", "sum",
+                       "--out", ro / "r.json"],
+    }
+
+
+def test_every_writing_command_refuses_a_read_only_output_before_any_work(read_only_folder, tiny_world,
+                                                                         train_features, capsys):
+    """Each names the output and the flag that fixes it, with no traceback, and writes nothing."""
+    for name, args in _writing_commands(tiny_world, train_features, read_only_folder).items():
+        code = main([str(a) for a in args])
+        err = capsys.readouterr().err
+        assert code == 2, (name, err)
+        assert str(read_only_folder) in err and "Traceback" not in err, (name, err)
+        assert "read-only" in err or "not writable" in err, (name, err)
+        assert "choose a writable --out" in err or "choose another --out" in err, (name, err)
+    assert list(read_only_folder.iterdir()) == []
 
 
 @pytest.mark.slow

@@ -3,6 +3,7 @@ Each maps its arguments to a typed config and calls the library; errors a user c
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import os
 import sys
@@ -23,6 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EFBIG, errno.EIO}
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is fetched at run time unless the user says so
     args = build_parser().parse_args(argv)
@@ -41,6 +45,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ManifestError, ImageLoadError, ConfigError, FileNotFoundError, FileExistsError, ValueError,
             ImportError, WriteError, PermissionError, RankLost) as exc:
         print(f"foco: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # a write that failed below a wrapped one: a full disk, a quota, a folder made read-only
+        if exc.errno not in WRITE_ERRNOS:
+            raise
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"foco: error: cannot write{where}: {exc.strerror}; free space or choose a writable output, then rerun "
+              "the same command: it resumes from what was saved", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("foco: interrupted; rerun the same command to resume", file=sys.stderr)

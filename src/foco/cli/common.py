@@ -111,10 +111,14 @@ def add_owned_output(p: argparse.ArgumentParser, dest: str = "out", signature: t
 def check_outputs(a: argparse.Namespace) -> None:
     """Refuses, before the command writes anything, an output folder it declared (`add_owned_output`) that holds
     files foco did not write (unless --force)."""
+    from ..utils.io import WriteError, unwritable_reason
     from ..utils.ownership import check_folder, check_kind, is_empty_or_owned
     a._foreign = set()
     for dest, signature, flag, kind in getattr(a, "_owned", None) or []:
         if getattr(a, dest, None):
+            why = unwritable_reason(getattr(a, dest))
+            if why:
+                raise WriteError(f"{flag} {getattr(a, dest)}: cannot write there ({why}); choose a writable {flag}")
             if kind:
                 check_kind(getattr(a, dest), kind, _command(a), flag)
             if not is_empty_or_owned(getattr(a, dest), signature):
