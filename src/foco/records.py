@@ -59,9 +59,26 @@ def _checkpoint() -> Field:
         "provenance": Field("dict", optional=True, fields={"backbone": opt(BACKBONE_RECORD)})})
 
 
+def _sizes(cfg: dict) -> str | None:
+    """A module config's numbers: widths, counts and rates are never negative, and none is beyond 2**20."""
+    for k, v in cfg.items():
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not 0 <= v <= 1 << 20:
+            return f"{k} is {v}, outside [0, {1 << 20}]"
+        if isinstance(v, list) and any(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                       and not 0 <= x <= 1 << 20 for x in v):
+            return f"{k} holds a number outside [0, {1 << 20}]"
+    return None
+
+
+MODULE_CONFIG = Field("dict", items=Field("int|float|str|bool|list|dict", nullable=True), rule=_sizes)
+
+
 def _mapper(key: str) -> Field:
     """A trained mapper's record: `key` names what it is ("model": pic2word, lincir; "mapper": PACT, TSCIR)."""
     return Field("dict", fields={key: Field("str", lo=1, hi=64), "backbone": opt(BACKBONE_RECORD),
+                                 "config": Field("dict", optional=True, items=MODULE_CONFIG.items, rule=_sizes),
+                                 "mapper_config": Field("dict", optional=True, items=MODULE_CONFIG.items, rule=_sizes),
+                                 "text": Field("dict", optional=True),
                                  "provenance": Field("dict", optional=True, fields={"backbone": opt(BACKBONE_RECORD)})})
 
 
@@ -103,6 +120,17 @@ def _index() -> Field:
                                              "refine_asked": opt(Field("int", lo=0, hi=1 << 16))}))})
 
 
+WORLD_BACKBONE = Field("dict", fields={
+    "backbone": Field("str", choices=("world",)), "weights_sha256": opt(HEX64),
+    "config": Field("dict", rule=_sizes, fields={
+        "image_size": Field("int", lo=8, hi=4096), "widths": Field("list", lo=3, hi=3, items=Field("int", lo=1)),
+        "embed_dim": Field("int", lo=1, hi=MAX_DIM), "pool_heads": Field("int", lo=1, hi=256),
+        "text_width": Field("int", lo=1, hi=MAX_DIM), "text_layers": Field("int", lo=1, hi=256),
+        "text_heads": Field("int", lo=1, hi=256), "max_text_len": Field("int", lo=2, hi=1 << 16),
+        "text_encoder": Field("str", lo=1, hi=4096), "image_tower": Field("str", lo=1, hi=16, optional=True),
+        **{k: Field("int", lo=1, hi=MAX_DIM, optional=True) for k in ("patch_size", "vit_width", "vit_layers",
+                                                                       "vit_heads")}})})
+
 WORLD = Field("dict", fields={
     "format_version": Field("int", lo=0, hi=1 << 16), "image_size": Field("int", lo=8, hi=1 << 14),
     "config": Field("dict", fields={"seed": Field("int", lo=0, optional=True)}),
@@ -111,19 +139,34 @@ WORLD = Field("dict", fields={
 SCHEMAS: dict[str, Any] = {
     "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("model"), "lincir.json": lambda: _mapper("model"),
     "composer.json": lambda: _mapper("mapper"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
-    "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD}
+    "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD,
+    "config.json": lambda: WORLD_BACKBONE}
 
 FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco.json",
          "pic2word.json": "retrain it (`foco pic2word train`)", "lincir.json": "retrain it (`foco lincir train`)",
          "composer.json": "retrain it", "manifest.json": "extract the features again into a new --out",
          "shard": "extract the features again into a new --out (`foco features extract`)",
          "corpus.json": "extract the corpus again into a new --out", "index.json": "build the index again into a new "
-         "--out (`foco index build`)", "world.json": "regenerate the world (`foco world generate`)"}
+         "--out (`foco index build`)", "world.json": "regenerate the world (`foco world generate`)",
+         "config.json": "retrain the backbone (`foco backbone train`), or reinstall foco for a shipped one"}
 
 
 def read(kind: str, path: str | Path) -> dict:
     """The record `kind` ("foco.json", "index.json", ...: `SCHEMAS`) at `path`, read and checked."""
     return read_record(path, SCHEMAS[kind](), FIXES[kind])
+
+
+def built(path: str | Path, build):
+    """`build()` (a module made from the record at `path`), with any failure of the record's values to build one
+    (a width the layers refuse, a name they do not know) a RecordError naming the file."""
+    from .utils.schema import RecordError
+    try:
+        return build()
+    except (ValueError, TypeError, KeyError, RuntimeError, OverflowError) as exc:
+        if isinstance(exc, RecordError):
+            raise
+        raise RecordError(f"{path}: its config does not build the model ({type(exc).__name__}: {exc}); the record "
+                          f"is damaged; {FIXES.get(Path(path).name, 'retrain it')}") from None
 
 
 def check(kind: str, value: Any, path: str | Path) -> Any:

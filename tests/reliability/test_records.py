@@ -230,3 +230,35 @@ def test_an_edited_store_value_is_caught_by_its_row_digest(tiny_world, tmp_path)
         db.execute("UPDATE triplets SET record = replace(record, 'a ', 'the ') WHERE rowid = 3")
     with pytest.raises(StoreError, match=r"e.sqlite: the triplet .* is damaged"):
         edit_records(tmp_path / "e.sqlite")
+
+
+def test_a_mapper_config_that_builds_no_model_is_refused_by_name(tmp_path):
+    """The probe's case: pic2word.json with hidden_dim -512 gave a tensor-size traceback."""
+    from foco.methods.pic2word import Pic2WordConfig, Pic2WordMapper
+    from foco.utils.schema import RecordError
+    Pic2WordMapper(Pic2WordConfig(image_dim=32, token_dim=32, hidden_dim=16)).save(tmp_path / "p2w")
+    meta = json.loads((tmp_path / "p2w" / "pic2word.json").read_text())
+    meta["config"]["hidden_dim"] = -512
+    (tmp_path / "p2w" / "pic2word.json").write_text(json.dumps(meta))
+    with pytest.raises(RecordError, match=r"pic2word.json: field config.*hidden_dim is -512"):
+        Pic2WordMapper.load(tmp_path / "p2w")
+    meta["config"]["hidden_dim"] = "wide"
+    (tmp_path / "p2w" / "pic2word.json").write_text(json.dumps(meta))
+    with pytest.raises(RecordError, match=r"pic2word.json: its config does not build the model"):
+        Pic2WordMapper.load(tmp_path / "p2w")
+
+
+@pytest.mark.parametrize("field,value,needle", [("embed_dim", "big", "config.embed_dim expected int"),
+                                                ("widths", [32, 64], "config.widths length 2 is below 3"),
+                                                ("image_size", -64, "config.image_size value -64 is below 8")])
+def test_a_world_backbone_config_that_is_damaged_is_refused_by_name(tmp_path, field, value, needle):
+    from foco.backbones.world import WorldCLIP, load_world_backbone, save_world_checkpoint
+    from foco.utils.schema import RecordError
+    from test_train import SMALL
+    save_world_checkpoint(WorldCLIP(SMALL), tmp_path / "bb")
+    meta = json.loads((tmp_path / "bb" / "config.json").read_text())
+    meta["config"][field] = value
+    (tmp_path / "bb" / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(RecordError, match="config.json") as err:
+        load_world_backbone(tmp_path / "bb")
+    assert needle in str(err.value)

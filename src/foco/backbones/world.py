@@ -323,7 +323,7 @@ def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") ->
     """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved). `pretrained` (the CNN) and `vit`
     name the weights shipped with foco; a folder of such a name is reached as `./pretrained`, `./vit`. The weights
     must match the sha256 their config records."""
-    from ..utils.io import load_tensors, load_weights, read_json, sha256_file
+    from ..utils.io import load_tensors, load_weights, sha256_file
     name = str(path)
     shipped = name in SHIPPED
     path = pretrained_dir(name) if shipped else Path(path)
@@ -331,9 +331,8 @@ def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") ->
             else "retrain it with `foco backbone train`")
     if not (path / CONFIG_NAME).is_file() or not (path / WEIGHTS_NAME).is_file():
         raise FileNotFoundError(f"no world backbone at {path}: expected {CONFIG_NAME} and {WEIGHTS_NAME}; {fix}")
-    meta = read_json(path / CONFIG_NAME)
-    if meta.get("backbone") != "world":
-        raise ValueError(f"{path / CONFIG_NAME} is not a world backbone config")
+    from ..records import built, read
+    meta = read("config.json", path / CONFIG_NAME)
     want = meta.get("weights_sha256")
     if want is not None and sha256_file(path / WEIGHTS_NAME) != want:
         raise ValueError(f"{path / WEIGHTS_NAME} does not match the sha256 recorded in {path / CONFIG_NAME} "
@@ -342,7 +341,7 @@ def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") ->
         raise ValueError(f"{path / CONFIG_NAME} records no weights_sha256; {fix}")
     raw = dict(meta["config"])
     raw["widths"] = tuple(raw["widths"])
-    model = WorldCLIP(WorldBackboneConfig(**raw))
+    model = built(path / CONFIG_NAME, lambda: WorldCLIP(WorldBackboneConfig(**raw)))
     load_weights(model, load_tensors(path / WEIGHTS_NAME, fix), path / WEIGHTS_NAME, fix)
     backbone = WorldBackbone(model, str(path), device, name=name if shipped else None)
     backbone.weights_sha256 = want or sha256_file(path / WEIGHTS_NAME)  # provenance: what the weights are

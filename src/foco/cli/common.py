@@ -5,6 +5,9 @@ import argparse
 import math
 from pathlib import Path
 
+from .numbers import (finite_float, float_in, learning_rate, lora_alpha, loss_weight, seconds,  # noqa: F401
+                      unit_float, wait_seconds)
+
 
 def _int_at_least(v: str, least: int, refusal: str) -> int:
     """An integer in ASCII digits, at least `least` and within int64 (`foco.utils.parse`, the server's rule too)."""
@@ -26,60 +29,6 @@ def seed_int(v: str) -> int:
         return ascii_integer(v, 0, MAX_SEED)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{v!r} is not a seed (an integer from 0 to {MAX_SEED})") from None
-
-
-def _float(v: str, ok, refusal: str) -> float:
-    try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
-    if not math.isfinite(x):
-        raise argparse.ArgumentTypeError(f"{v!r} is not a finite number")
-    if not ok(x):
-        raise argparse.ArgumentTypeError(f"{x:g} {refusal}")
-    return x
-
-
-def finite_float(v: str) -> float:
-    """argparse type: a finite number (nan and inf are refused: they would train, or score, into NaNs)."""
-    return _float(v, lambda x: True, "")
-
-
-def _positive_at_most(hi: float, what: str):
-    def parse(v: str) -> float:
-        return _float(v, lambda x: 0 < x <= hi, f"is not a {what} in (0, {hi:g}]")
-    return parse
-
-
-def _nonneg_at_most(hi: float, what: str):
-    def parse(v: str) -> float:
-        return _float(v, lambda x: 0 <= x <= hi, f"is not a {what} in [0, {hi:g}]")
-    return parse
-
-
-def _ranges():
-    from ..utils import parse as p
-    return p.MAX_LR, p.MAX_LOSS_WEIGHT, p.MAX_SECONDS, p.MAX_LORA_ALPHA
-
-
-_LR, _WEIGHT, _SECONDS, _ALPHA = _ranges()
-learning_rate = _positive_at_most(_LR, "learning rate")  # argparse types, each within its documented range
-loss_weight = _nonneg_at_most(_WEIGHT, "loss weight")  # (`foco.utils.parse`): nothing downstream overflows
-seconds = _positive_at_most(_SECONDS, "time in seconds")
-wait_seconds = _nonneg_at_most(_SECONDS, "time in seconds")
-lora_alpha = _positive_at_most(_ALPHA, "LoRA alpha")
-
-
-def unit_float(v: str) -> float:
-    """argparse type: a finite number in [0, 1] (shares)."""
-    return _float(v, lambda x: 0 <= x <= 1, "is not in [0, 1]")
-
-
-def float_in(lo: float, hi: float, unit: str = ""):
-    """argparse type: a finite number in [lo, hi] (a bound the program relies on, e.g. a wait in ms)."""
-    def parse(v: str) -> float:
-        return _float(v, lambda x: lo <= x <= hi, f"is not between {lo:g} and {hi:g}{unit}")
-    return parse
 
 
 def positive_int(v: str) -> int:

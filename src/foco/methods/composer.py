@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from ..backbones.tunable import TextTuneConfig, TunableText, tunable_text
 from ..model.encoder import ComposedQuery
-from ..utils.io import atomic_write_bytes, atomic_write_text, read_json
+from ..utils.io import atomic_write_bytes, atomic_write_text
 from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
 from .pic2word import Pic2WordConfig, Pic2WordMapper
 
@@ -118,16 +118,17 @@ class TextComposer(nn.Module):
         path = Path(path)
         if not (path / CONFIG).is_file():
             raise FileNotFoundError(f"no composer checkpoint at {path}: expected {CONFIG}, {MAPPER} and {TEXT}")
-        meta = read_json(path / CONFIG)
+        from ..records import built, read
+        meta = read(CONFIG, path / CONFIG)
         if expect is not None and meta.get("model") != expect:
             raise ValueError(f"{path / CONFIG} is a {meta.get('model')!r} checkpoint, not {expect!r}")
         cfg_cls = VSIConfig if meta["mapper"] == "vsi" else Pic2WordConfig
-        mapper = build_mapper(meta["mapper"], cfg_cls(**meta["mapper_config"]))
+        mapper = built(path / CONFIG, lambda: build_mapper(meta["mapper"], cfg_cls(**meta["mapper_config"])))
         fix = f"retrain it with `foco {meta.get('model', 'pact')} train`"
         load_weights(mapper, load_tensors(path / MAPPER, fix), path / MAPPER, fix)
         raw = dict(meta["text"])
-        raw["lora_targets"] = tuple(raw["lora_targets"])
-        text = tunable_text(backbone, TextTuneConfig(**raw))
+        text = built(path / CONFIG, lambda: tunable_text(backbone, TextTuneConfig(
+            **{**raw, "lora_targets": tuple(raw["lora_targets"])})))
         text.load_trainable(load_tensors(path / TEXT, fix))
         return TextComposer(meta["model"], meta["mapper"], mapper, text).eval()
 

@@ -31,7 +31,7 @@ import torch.nn as nn
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..model.encoder import ComposedQuery
-from ..utils.io import atomic_write_bytes, atomic_write_text, read_json
+from ..utils.io import atomic_write_bytes, atomic_write_text
 from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
 from .pic2word import mapper_input, resolve_template
 
@@ -76,11 +76,12 @@ class LinCIRPhi(nn.Module):
     def load(path: str | Path) -> "LinCIRPhi":
         from ..utils.io import load_tensors, load_weights
         path = Path(path)
-        meta = read_json(path / CONFIG)
+        from ..records import built, read
+        meta = read(CONFIG, path / CONFIG)
         if meta.get("model") != "lincir":
             raise ValueError(f"{path / CONFIG} is not a LinCIR checkpoint config; train one with `foco lincir "
                              "train`")
-        phi = LinCIRPhi(LinCIRConfig(**meta["config"]))
+        phi = built(path / CONFIG, lambda: LinCIRPhi(LinCIRConfig(**meta["config"])))
         fix = "retrain it with `foco lincir train`"
         load_weights(phi, load_tensors(path / WEIGHTS, fix), path / WEIGHTS, fix)
         return phi.eval()

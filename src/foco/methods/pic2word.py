@@ -33,7 +33,7 @@ import torch.nn as nn
 
 from ..backbones.pseudo import PseudoTokenBackbone
 from ..model.encoder import ComposedQuery
-from ..utils.io import atomic_write_bytes, atomic_write_text, read_json
+from ..utils.io import atomic_write_bytes, atomic_write_text
 from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
 
 WEIGHTS, CONFIG = "pic2word.safetensors", "pic2word.json"
@@ -128,10 +128,12 @@ class Pic2WordMapper(nn.Module):
     def load(path: str | Path) -> "Pic2WordMapper":
         from ..utils.io import load_tensors, load_weights
         path = Path(path)
-        meta = read_json(path / CONFIG)
+        from ..records import built, read
+        meta = read(CONFIG, path / CONFIG)
         if meta.get("model") != "pic2word":
             raise ValueError(f"{path / CONFIG} is not a Pic2Word checkpoint config")
-        mapper = Pic2WordMapper(Pic2WordConfig(**{"mapper_input": "normalized", **meta["config"]}))
+        mapper = built(path / CONFIG, lambda: Pic2WordMapper(Pic2WordConfig(**{"mapper_input": "normalized",
+                                                                                 **meta["config"]})))
         fix = "retrain it with `foco pic2word train`"
         load_weights(mapper, load_tensors(path / WEIGHTS, fix), path / WEIGHTS, fix)
         return mapper.eval()
