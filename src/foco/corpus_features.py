@@ -23,7 +23,8 @@ from PIL import Image
 from .backbones.base import Backbone
 from .decompose.schema import Decomposition
 from .features import ExtractConfig, extract_images, extract_texts
-from .utils.io import atomic_write_text, read_json
+from .records import read as read_record
+from .utils.io import atomic_write_text
 from .corpora.webdataset import iter_shard, shard_paths
 
 
@@ -67,7 +68,7 @@ def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: Extra
     if sha:
         record["backbone_sha256"] = sha
     if (out / "corpus.json").is_file():  # a rerun resumes the same corpus; finished parts are never re-checked
-        have = read_json(out / "corpus.json")
+        have = read_record("corpus.json", out / "corpus.json")
         for key in ("backbone", "backbone_sha256"):
             if key in have and key in record and have[key] != record[key]:
                 raise ValueError(f"{out / 'corpus.json'}: this corpus was extracted with {key} {have[key]!r}, not "
@@ -121,7 +122,7 @@ def is_corpus(folder: str | Path) -> bool:
 def corpus_parts(folder: str | Path, rank: int = 0, world_size: int = 1) -> list[str]:
     """The parts (shard names, in shard order) that rank `rank` of `world_size` trains on: r, r + N, r + 2N, ...
     (the split of the extraction)."""
-    parts = read_json(Path(folder) / "corpus.json")["parts"]
+    parts = read_record("corpus.json", Path(folder) / "corpus.json")["parts"]
     if len(parts) < world_size:
         raise ValueError(f"{folder} holds {len(parts)} feature shards for {world_size} ranks: every rank needs one; "
                          "export the corpus in more shards (--shard-size) or run fewer ranks")

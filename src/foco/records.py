@@ -131,6 +131,13 @@ WORLD_BACKBONE = Field("dict", fields={
         **{k: Field("int", lo=1, hi=MAX_DIM, optional=True) for k in ("patch_size", "vit_width", "vit_layers",
                                                                        "vit_heads")}})})
 
+TRAINING_STATE = Field("dict", fields={
+    "progress": Field("dict", fields={"epoch": Field("int", lo=0, optional=True),
+                                      "step": Field("int", lo=0, optional=True),
+                                      "logs": opt(Field("dict", items=Field("int", lo=0))),
+                                      "identity": opt(Field("dict")), "settings": opt(Field("dict|list"))}),
+    "optimizer": Field("dict"), "tensors_sha256": opt(HEX64), "numpy_rng": opt(Field("dict"))})
+
 WORLD = Field("dict", fields={
     "format_version": Field("int", lo=0, hi=1 << 16), "image_size": Field("int", lo=8, hi=1 << 14),
     "config": Field("dict", fields={"seed": Field("int", lo=0, optional=True)}),
@@ -140,7 +147,7 @@ SCHEMAS: dict[str, Any] = {
     "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("model"), "lincir.json": lambda: _mapper("model"),
     "composer.json": lambda: _mapper("mapper"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
     "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD,
-    "config.json": lambda: WORLD_BACKBONE}
+    "config.json": lambda: WORLD_BACKBONE, "state.json": lambda: TRAINING_STATE}
 
 FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco.json",
          "pic2word.json": "retrain it (`foco pic2word train`)", "lincir.json": "retrain it (`foco lincir train`)",
@@ -148,7 +155,8 @@ FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco
          "shard": "extract the features again into a new --out (`foco features extract`)",
          "corpus.json": "extract the corpus again into a new --out", "index.json": "build the index again into a new "
          "--out (`foco index build`)", "world.json": "regenerate the world (`foco world generate`)",
-         "config.json": "retrain the backbone (`foco backbone train`), or reinstall foco for a shipped one"}
+         "config.json": "retrain the backbone (`foco backbone train`), or reinstall foco for a shipped one",
+         "state.json": "the training state is damaged: remove its train_state folder to start the run again"}
 
 
 def read(kind: str, path: str | Path) -> dict:

@@ -262,3 +262,24 @@ def test_a_world_backbone_config_that_is_damaged_is_refused_by_name(tmp_path, fi
     with pytest.raises(RecordError, match="config.json") as err:
         load_world_backbone(tmp_path / "bb")
     assert needle in str(err.value)
+
+
+@pytest.mark.parametrize("damage", ["progress", "tensors"])
+def test_a_damaged_training_state_is_refused_on_resume_by_name(tiny_world, train_features, tmp_path, capsys, damage):
+    args = ["train", "--features", train_features, "--world", tiny_world, "--out", tmp_path / "o",
+            "--stage1-epochs", "1", "--stage2-epochs", "1", "--batch-size", "128"]
+    assert main([str(a) for a in args]) == 0
+    state = tmp_path / "o" / "train_state"
+    if damage == "progress":
+        meta = json.loads((state / "state.json").read_text())
+        (state / "state.json").write_text(json.dumps({**meta, "progress": "x"}))
+        needles = ("state.json", "field progress expected dict")
+    else:
+        from safetensors.torch import load_file, save_file
+        tensors = load_file(state / "state.safetensors")
+        name = next(k for k in tensors if k.startswith("model/"))
+        tensors[name] = tensors[name] + 1  # a valid file of other values
+        save_file(tensors, state / "state.safetensors")
+        needles = ("state.safetensors does not match the tensors_sha256",)
+    capsys.readouterr()
+    _fails([*args, "--resume"], capsys, *needles)

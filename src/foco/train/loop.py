@@ -18,8 +18,9 @@ from typing import Callable, Iterable
 import numpy as np
 import torch
 
+from ..records import read as read_record
 from ..utils.checkpoint import STATE_JSON, has_training_state, load_training_state, save_training_state
-from ..utils.io import _write_failed, read_json
+from ..utils.io import _write_failed
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar, NoBar
@@ -29,6 +30,12 @@ log = logging.getLogger(__name__)
 
 Losses = dict[str, torch.Tensor]  # name -> scalar loss
 OnStep = Callable[[int, dict[str, float]], None]  # (global step from 0 over all phases, losses)
+
+
+def read_state(state_dir: Path) -> dict:
+    """A run's train_state/state.json, checked against its schema (`foco.records`): a damaged one names the file
+    and the field."""
+    return read_record("state.json", state_dir / STATE_JSON)
 
 
 def lr_factor(step: int, total: int, warmup_frac: float, schedule: str = "cosine") -> float:
@@ -198,7 +205,7 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
                 on_epoch(rec)
     model.eval()
     if pending:  # changes to phases that trained no step now (e.g. fewer epochs): recorded where the run stands
-        saved = read_json(out / "train_state" / STATE_JSON)["progress"] if has_training_state(out / "train_state") \
+        saved = read_state(out / "train_state")["progress"] if has_training_state(out / "train_state") \
             else {}
         at = {k: v for k, v in saved.items() if k not in ("identity", "settings", "logs")}
         history["changes"] += [{"at": {**at, "trained": "no step after it"}, "changed": pending.pop(j)}
@@ -224,7 +231,7 @@ def cut_logs(out: str | Path, to_nothing: bool = False) -> dict[str, int]:
     if to_nothing:
         sizes = {name: 0 for name in LOGS}
     else:
-        sizes = read_json(out / "train_state" / STATE_JSON)["progress"].get("logs") or {}
+        sizes = read_state(out / "train_state")["progress"].get("logs") or {}
     removed = {}
     for name, size in sizes.items():
         path = out / name
@@ -241,7 +248,7 @@ def cut_logs(out: str | Path, to_nothing: bool = False) -> dict[str, int]:
 def _record_history(state_dir: Path, history: dict) -> None:
     """Writes the settings history into a saved state whose weights did not change (no step was trained)."""
     from ..utils.io import atomic_write_text
-    meta = read_json(state_dir / STATE_JSON)
+    meta = read_state(state_dir)
     meta["progress"]["settings"] = history
     atomic_write_text(state_dir / STATE_JSON, json.dumps(meta, indent=1, sort_keys=True))
 
@@ -297,7 +304,7 @@ def _identity(phases: list[Phase], sizes: list[int], cfg: LoopConfig) -> dict:
 def _check_identity(state_dir: Path, now: dict) -> None:
     """`--resume` continues the same run: refuses another batch size, other data or another backbone, and says
     which (keys only one side records, such as a phase added after the saved ones, are not compared)."""
-    saved = read_json(state_dir / STATE_JSON)["progress"].get("identity") or {}
+    saved = read_state(state_dir)["progress"].get("identity") or {}
     diff = [f"{k} {saved[k]!r} (now {now[k]!r})" for k in sorted(set(saved) & set(now)) if saved[k] != now[k]]
     if diff:
         raise ValueError(f"{state_dir.parent} holds a run trained with " + ", ".join(diff) +
@@ -326,7 +333,7 @@ def setting_name(name: str) -> str:
 
 
 def _saved_phase(state_dir: Path, phases: list[Phase]) -> int:
-    saved = read_json(state_dir / STATE_JSON)["progress"]
+    saved = read_state(state_dir)["progress"]
     i = next((i for i, p in enumerate(phases) if all(saved.get(k) == v for k, v in p.tag.items())), None)
     if i is None:
         raise ValueError(f"{state_dir} stopped at {saved}, which is no phase of this run")
@@ -344,7 +351,7 @@ def _check_settings(state_dir: Path, cfg: LoopConfig, phases: list[Phase], first
     if unknown:
         raise ValueError(f"--allow-changed: {', '.join(unknown)} is no setting of this run; choose from "
                          f"{', '.join(sorted(cfg.settings))}")
-    history = read_json(state_dir / STATE_JSON)["progress"].get("settings")
+    history = read_state(state_dir)["progress"].get("settings")
     if not history:
         return {"start": dict(cfg.settings), "changes": []}, None
     current = dict(history["start"])

@@ -145,14 +145,15 @@ class FeatureCorpus(_Features):
 
     @property
     def backbone_spec(self) -> str:
-        from ..utils.io import read_json
-        return read_json(Path(self.features) / "corpus.json")["backbone"]
+        from ..records import read as read_record
+        return read_record("corpus.json", Path(self.features) / "corpus.json")["backbone"]
 
     def provenance(self) -> dict:
         """The backbone of corpus.json, and corpus.json's sha256 as the features' fingerprint."""
-        from ..utils.io import read_json, sha256_file
+        from ..records import read as read_record
+        from ..utils.io import sha256_file
         path = Path(self.features).resolve()
-        meta = read_json(path / "corpus.json")
+        meta = read_record("corpus.json", path / "corpus.json")
         return {"backbone": {"spec": meta["backbone"], "weights_sha256": meta.get("backbone_sha256")},
                 "features": {"path": str(path), "fingerprint": sha256_file(path / "corpus.json")[:16]}}
 

@@ -55,9 +55,11 @@ def save_training_state(path: str | Path, model: torch.nn.Module, optimizer: tor
     tensors["rng/torch"] = torch.get_rng_state()
     if torch.cuda.is_available() and torch.cuda.is_initialized():  # dropout on the GPU draws from this one
         tensors["rng/cuda"] = torch.cuda.get_rng_state()  # the current device's (every rank draws alike)
-    meta = {"optimizer": opt_meta, "progress": progress,
+    import hashlib
+    data = st_save(tensors)
+    meta = {"optimizer": opt_meta, "progress": progress, "tensors_sha256": hashlib.sha256(data).hexdigest(),
             "numpy_rng": numpy_rng.bit_generator.state if numpy_rng is not None else None}
-    atomic_write_bytes(path / STATE_TENSORS, st_save(tensors))
+    atomic_write_bytes(path / STATE_TENSORS, data)
     atomic_write_text(path / STATE_JSON, json.dumps(meta, indent=1, sort_keys=True))
 
 
@@ -69,19 +71,29 @@ def load_training_state(path: str | Path, model: torch.nn.Module, optimizer: tor
                         numpy_rng: np.random.Generator | None) -> dict[str, Any]:
     """Restores everything `save_training_state` wrote and returns the progress counters, with the extra
     tensors under progress["extra_tensors"]."""
-    from .io import load_tensors, load_weights
+    from .io import ManifestError, load_tensors, load_weights, sha256_file
     path = Path(path)
-    meta = read_json(path / STATE_JSON)
     fix = f"the training state is damaged: remove {path} to start the run again"
+    try:
+        meta = read_json(path / STATE_JSON)
+    except ManifestError as exc:
+        raise ManifestError(f"{exc}; {fix}") from None
     tensors = load_tensors(path / STATE_TENSORS, fix)
+    want = meta.get("tensors_sha256") if isinstance(meta, dict) else None
+    if want is not None and sha256_file(path / STATE_TENSORS) != want:
+        raise ValueError(f"{path / STATE_TENSORS} does not match the tensors_sha256 in {path / STATE_JSON}; {fix}")
     load_weights(model, {k[len("model/"):]: v for k, v in tensors.items() if k.startswith("model/")},
                  path / STATE_TENSORS, "it was written by another model or width: resume with the same settings, "
                  "or choose another --out")
-    _optimizer_from_flat(optimizer, tensors, meta["optimizer"])
-    torch.set_rng_state(tensors["rng/torch"])
-    if "rng/cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state(tensors["rng/cuda"])
-    if numpy_rng is not None and meta.get("numpy_rng") is not None:
-        numpy_rng.bit_generator.state = meta["numpy_rng"]
-    return {**meta["progress"],
-            "extra_tensors": {k[len("extra/"):]: v for k, v in tensors.items() if k.startswith("extra/")}}
+    try:
+        _optimizer_from_flat(optimizer, tensors, meta["optimizer"])
+        torch.set_rng_state(tensors["rng/torch"])
+        if "rng/cuda" in tensors and torch.cuda.is_available():
+            torch.cuda.set_rng_state(tensors["rng/cuda"])
+        if numpy_rng is not None and meta.get("numpy_rng") is not None:
+            numpy_rng.bit_generator.state = meta["numpy_rng"]
+        progress = dict(meta["progress"])
+    except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as exc:
+        raise ValueError(f"{path / STATE_JSON}: a field does not restore the run ({type(exc).__name__}: {exc}); "
+                         f"{fix}") from None
+    return {**progress, "extra_tensors": {k[len("extra/"):]: v for k, v in tensors.items() if k.startswith("extra/")}}
