@@ -550,7 +550,7 @@ def c1_search_ckpt_other_sha(ctx, wd):
       names=("pic2word.json", "provenance", "unverified", "--pic2word"))
 def c1_p2w_no_provenance(ctx, wd):
     p = copy(ctx.base / "P2W", wd / "p2w")
-    jedit(p / "pic2word.json", lambda m: m.pop("provenance"))
+    jedit(p / "pic2word.json", lambda m: [m.pop("provenance"), None][1])  # the record edited, not replaced
     return eval_case(ctx, wd, "pic2word", "eval_p2w", "--pic2word", p)
 
 
@@ -595,7 +595,7 @@ def c1_eval_val_cache_as_test(ctx, wd):
       names=("index.json", "backbone_sha256", "weights", "unverified"))
 def c1_index_update_lost_sha(ctx, wd):
     idx = copy(ctx.base / "IDX", wd / "idx")
-    jedit(idx / "index.json", lambda m: m.pop("backbone_sha256"))
+    jedit(idx / "index.json", lambda m: [m.pop("backbone_sha256"), None][1])  # the record edited, not replaced
     r = ctx.foco(["index", "update", idx])
     if r.rc == 0:
         r.note = f"index.json after update: backbone_sha256 = {jload(idx / 'index.json').get('backbone_sha256')}"

@@ -203,7 +203,8 @@ def train_foco_edits(out: Path, suffix: str, source: TrainingData, decomposition
     resumed from the paper-recipe checkpoint (a copy of its folder, so the paper's stages are not rerun)."""
     table = edit_triplets(out / f"edits{suffix}.sqlite", out / "features" / f"edit-texts{suffix}", source.features,
                           decompositions, backbone, plan.edits, ids, plan.foco.precision)
-    train_stage3(source.pair_table()[0], foco_dir, edits_dir, plan.foco, plan.edits, table, backbone.spec)
+    train_stage3(source.pair_table()[0], foco_dir, edits_dir, plan.foco, plan.edits, table, backbone.spec,
+                 meta={"provenance": source.provenance()})
 
 
 QUICKSTART_METHODS = ("foco", "foco-edits", "slerp", *(m for m in DEFAULT_METHODS if m != "foco"))

@@ -283,3 +283,36 @@ def test_a_damaged_training_state_is_refused_on_resume_by_name(tiny_world, train
         needles = ("state.safetensors does not match the tensors_sha256",)
     capsys.readouterr()
     _fails([*args, "--resume"], capsys, *needles)
+
+
+def test_an_index_record_that_lost_its_weights_hash_is_refused_unless_reencode_or_unverified(four_image_index,
+                                                                                          tmp_path, capsys):
+    from foco.search.build import update_index
+    from foco.search.engine import SearchEngine
+    shutil.copytree(four_image_index, tmp_path / "idx")
+    meta = json.loads((tmp_path / "idx" / "index.json").read_text())
+    del meta["backbone_sha256"]
+    (tmp_path / "idx" / "index.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="records no backbone_sha256.*--reencode"):
+        update_index(tmp_path / "idx")
+    with pytest.raises(ValueError, match="records no backbone_sha256.*--unverified"):
+        SearchEngine.open(tmp_path / "idx")
+    assert SearchEngine.open(tmp_path / "idx", unverified=True).count() == 4
+    assert update_index(tmp_path / "idx", reencode=True).encoded == 4
+    assert json.loads((tmp_path / "idx" / "index.json").read_text())["backbone_sha256"]
+
+
+def test_a_checkpoint_that_lost_its_provenance_record_is_refused_unless_unverified(tmp_path):
+    from foco.methods import MethodOptions
+    from foco.methods.provenance import check_trained_on
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    spec = "world:pretrained"
+    ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(tmp_path / "ck", {
+        "backbone": spec, "train": {"seed": 0}, "provenance": {"backbone": {"spec": spec}}})
+    check_trained_on(MethodOptions(checkpoint=tmp_path / "ck"), {"spec": spec}, "the features", "fix")
+    meta = json.loads((tmp_path / "ck" / "foco.json").read_text())
+    del meta["provenance"]
+    (tmp_path / "ck" / "foco.json").write_text(json.dumps(meta))
+    with pytest.raises(ValueError, match="records no backbone.*--unverified"):
+        check_trained_on(MethodOptions(checkpoint=tmp_path / "ck"), {"spec": spec}, "the features", "fix")
+    check_trained_on(MethodOptions(checkpoint=tmp_path / "ck", unverified=True), {"spec": spec}, "the features", "fix")

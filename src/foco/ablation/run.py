@@ -184,8 +184,10 @@ def _run_one(cfg: AblateConfig, data: _Data, variant: Variant, seed: int, train_
                  f"{result} records no sources (an older foco)" if recorded is None else
                  f"the benchmark changed since {result} was written (its parts' sources differ)")
     t0 = time.time()
-    meta = {"backbone": data.backbone.spec, "ablation": {"variant": variant.name, "paper_id": variant.paper_id,
-                                                         "pairs": len(data.table(variant.decomposer))}}
+    from ..backbones import backbone_record
+    meta = {"backbone": data.backbone.spec, "provenance": {"backbone": backbone_record(data.backbone)},
+            "ablation": {"variant": variant.name, "paper_id": variant.paper_id,
+                         "pairs": len(data.table(variant.decomposer))}}
     paper_dir = Path(cfg.out) / "paper" / variant.name / f"seed{seed}"
     if not _trained(paper_dir, stage3=False):
         log.info("%s: training the paper recipe", where)

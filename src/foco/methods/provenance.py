@@ -9,6 +9,9 @@ from . import declared_options
 from .base import MethodOption, MethodOptions
 
 
+PROVENANCE_RECORDED = ("foco.json", "pic2word.json")  # records whose trainers always write "provenance"
+
+
 def weights_options() -> dict[str, MethodOption]:
     """Every registered method's weights-folder options (those with a `record`), by name."""
     return {name: opt for name, (opt, _) in declared_options().items() if opt.record}
@@ -30,6 +33,8 @@ def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
         recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
         if isinstance(recorded, dict) and not recorded.get("spec"):
             recorded = None
+        if opt.record in PROVENANCE_RECORDED and "train" in meta and "provenance" not in meta:
+            recorded = None  # its trainer records the backbone's weights there: the record lost them
         out.append((opt.flag, Path(folder), recorded))
     return out
 

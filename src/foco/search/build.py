@@ -178,15 +178,20 @@ def _exclusive(out: Path):
 
 def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, device: str, root: Path) -> IndexStats:
     previous_meta = read_meta(out) if (out / "index.json").is_file() else None
-    if previous_meta and previous_meta.get("backbone_sha256") and previous_meta.get("count"):
+    if previous_meta and previous_meta.get("count") and not previous_meta.get("backbone_sha256") and not cfg.reencode:
+        raise ValueError(f"{out / 'index.json'} records no backbone_sha256, so the weights its "
+                         f"{previous_meta['count']} vectors were encoded with cannot be checked against the backbone's "
+                         f"now; encode every image again with `foco index update {out} --reencode`, or build a new "
+                         "index")
+    if previous_meta and previous_meta.get("count"):
         backbone = backbone or create_backbone(cfg.backbone, device=device)
         now = getattr(backbone, "weights_sha256", None)
-        if now and now != previous_meta["backbone_sha256"]:
+        if now and now != previous_meta.get("backbone_sha256"):
             if not cfg.reencode:
                 raise ValueError(f"{out / 'index.json'}: its {previous_meta['count']} vectors were encoded with other "
-                                 f"weights of {cfg.backbone} (sha256 {previous_meta['backbone_sha256'][:12]}...) than "
-                                 f"the ones there now ({now[:12]}...), and new vectors would not be comparable with "
-                                 "them; restore the weights, or encode every image again with `foco index update "
+                                 f"weights of {cfg.backbone} (sha256 {str(previous_meta['backbone_sha256'])[:12]}...) "
+                                 f"than the ones there now ({now[:12]}...), and new vectors would not be comparable "
+                                 "with them; restore the weights, or encode every image again with `foco index update "
                                  f"{out} --reencode`")
             with ImageStore(out / "images.sqlite") as store:  # every vector goes: they are all re-encoded
                 store.remove(sorted(store.rows()))

@@ -172,6 +172,10 @@ class SearchEngine:
         if meta.get("building"):
             raise ValueError(f"{folder}: the last `foco index build` did not finish; rerun `foco index update "
                              f"{folder}`")
+        if meta.get("count") and not meta.get("backbone_sha256") and not unverified:
+            raise ValueError(f"{folder / 'index.json'} records no backbone_sha256, so its vectors cannot be checked "
+                             "against the backbone's weights now; rebuild it (`foco index update "
+                             f"{folder} --reencode`), or pass --unverified to search it unchecked")
         shared = (backbones or {}).get(meta["backbone"])
         backbone, lock = shared or (create_backbone(meta["backbone"], device=device), threading.RLock())
         if backbones is not None:
