@@ -92,8 +92,9 @@ def _checkpoint_kind(tmp: Path) -> Kind:
     spec = "world:pretrained"
     torch.manual_seed(0)
     train = {"stage1_epochs": 1, "stage2_epochs": 1, "stage3_epochs": 0, "seed": 0}
-    ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(tmp / "ckpt", {"backbone": spec, "train": train})
-    ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(tmp / "ckpt-partner", {"backbone": spec, "train": train})
+    record = {"backbone": spec, "train": train, "provenance": {"backbone": {"spec": spec}}}  # as `foco train` writes
+    ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(tmp / "ckpt", record)
+    ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(tmp / "ckpt-partner", record)
 
     def consume(folder: Path):
         check_trained_on(MethodOptions(checkpoint=folder), {"spec": spec}, "the features", "use other features")

@@ -178,26 +178,10 @@ def _exclusive(out: Path):
 
 def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, device: str, root: Path) -> IndexStats:
     previous_meta = read_meta(out) if (out / "index.json").is_file() else None
-    if previous_meta and previous_meta.get("count") and not previous_meta.get("backbone_sha256") and not cfg.reencode:
-        raise ValueError(f"{out / 'index.json'} records no backbone_sha256, so the weights its "
-                         f"{previous_meta['count']} vectors were encoded with cannot be checked against the backbone's "
-                         f"now; encode every image again with `foco index update {out} --reencode`, or build a new "
-                         "index")
-    if previous_meta and previous_meta.get("count"):
-        backbone = backbone or create_backbone(cfg.backbone, device=device)
-        now = getattr(backbone, "weights_sha256", None)
-        if now and now != previous_meta.get("backbone_sha256"):
-            if not cfg.reencode:
-                raise ValueError(f"{out / 'index.json'}: its {previous_meta['count']} vectors were encoded with other "
-                                 f"weights of {cfg.backbone} (sha256 {str(previous_meta['backbone_sha256'])[:12]}...) "
-                                 f"than the ones there now ({now[:12]}...), and new vectors would not be comparable "
-                                 "with them; restore the weights, or encode every image again with `foco index update "
-                                 f"{out} --reencode`")
-            with ImageStore(out / "images.sqlite") as store:  # every vector goes: they are all re-encoded
-                store.remove(sorted(store.rows()))
-            cfg = replace(cfg, retrain=True)
+    backbone, cfg, sha = _same_weights(cfg, out, previous_meta, backbone, device)
     previous = (previous_meta or {}).get("vectors")
-    atomic_write_text(out / "index.json", json.dumps({**meta, "building": True, "vectors": previous}, indent=2) + "\n")
+    atomic_write_text(out / "index.json", json.dumps({**meta, "building": True, "vectors": previous,
+                                                      "backbone_sha256": sha}, indent=2) + "\n")
     t0 = time.time()
     files = walk_images(root)
     skipped: list[tuple[str, str]] = []
@@ -257,11 +241,38 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
     seconds = time.time() - t0
     stats = IndexStats(indexed, encoded, unchanged, touched, len(gone) + len(dropped), len(skipped), round(seconds, 2),
                        round(encoded / seconds, 1) if encoded and seconds else 0.0, vec.get("growth"), len(dropped))
-    sha = getattr(backbone, "weights_sha256", None) or (previous_meta or {}).get("backbone_sha256")
     atomic_write_text(out / "index.json", json.dumps({**meta, "dim": dim, "count": indexed, "vectors": vec,
                                                       "backbone_sha256": sha, "files": _stamps(out, previous_meta),
                                                       "last_run": asdict(stats)}, indent=2) + "\n")
     return stats
+
+
+def _same_weights(cfg: IndexConfig, out: Path, previous_meta: dict | None, backbone, device: str):
+    """(backbone, cfg, the weights' sha256 the index's vectors are of). Vectors already stored (a finished build,
+    or an interrupted one: its marker records the weights too) must come from the backbone's weights now: other
+    weights, or no record of them, are refused unless `cfg.reencode`, which drops every vector to encode them all
+    again (and retrains the vector index)."""
+    backbone = backbone or create_backbone(cfg.backbone, device=device)
+    now = getattr(backbone, "weights_sha256", None)
+    stored = 0
+    if (out / "images.sqlite").is_file():
+        with ImageStore(out / "images.sqlite") as store:
+            stored = store.count()
+    recorded = (previous_meta or {}).get("backbone_sha256")
+    if not stored or (not cfg.reencode and recorded and (now is None or now == recorded)):
+        return backbone, cfg, recorded or now
+    if not cfg.reencode:
+        if not recorded:
+            raise ValueError(f"{out / 'index.json'} records no backbone_sha256, so the weights its {stored} vectors "
+                             "were encoded with cannot be checked against the backbone's now; encode every image "
+                             f"again with `foco index update {out} --reencode`, or build a new index")
+        raise ValueError(f"{out / 'index.json'}: its {stored} vectors were encoded with other weights of "
+                         f"{cfg.backbone} (sha256 {str(recorded)[:12]}...) than the ones there now ({now[:12]}...), "
+                         "and new vectors would not be comparable with them; restore the weights, or encode every "
+                         f"image again with `foco index update {out} --reencode`")
+    with ImageStore(out / "images.sqlite") as store:  # every vector goes: they are all encoded again
+        store.remove(sorted(store.rows()))
+    return backbone, replace(cfg, retrain=True), now
 
 
 def _stamps(out: Path, previous_meta: dict | None) -> dict:
