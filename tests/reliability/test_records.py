@@ -316,3 +316,61 @@ def test_a_checkpoint_that_lost_its_provenance_record_is_refused_unless_unverifi
     with pytest.raises(ValueError, match="records no backbone.*--unverified"):
         check_trained_on(MethodOptions(checkpoint=tmp_path / "ck"), {"spec": spec}, "the features", "fix")
     check_trained_on(MethodOptions(checkpoint=tmp_path / "ck", unverified=True), {"spec": spec}, "the features", "fix")
+
+
+# --- a second, independent probe's findings ---------------------------------------------------------------------
+
+def test_a_key_given_twice_or_a_number_beyond_a_float_is_refused_by_file(tmp_path):
+    from foco.model import ComposedQueryEncoder, FoCoConfig
+    ComposedQueryEncoder(FoCoConfig(dim=32, heads=4)).save(tmp_path, {"backbone": "world:pretrained"})
+    text = (tmp_path / "foco.json").read_text()
+    (tmp_path / "foco.json").write_text(text.replace('"heads": 4,', '"heads": 4, "heads": 8,', 1))
+    with pytest.raises(ValueError, match=r"foco.json: not valid JSON \(the key 'heads' appears twice"):
+        ComposedQueryEncoder.load(tmp_path)
+    from foco.utils.io import ManifestError, iter_jsonl
+    (tmp_path / "m.jsonl").write_text('{"id": "1", "jitter": [1e400, 3]}\n')
+    with pytest.raises(ManifestError, match=r"m.jsonl:1: not valid JSON \(1e400 is beyond a 64-bit float"):
+        list(iter_jsonl(tmp_path / "m.jsonl"))
+
+
+def test_an_index_of_a_newer_format_is_refused(four_image_index, tmp_path, capsys):
+    shutil.copytree(four_image_index, tmp_path / "idx")
+    meta = json.loads((tmp_path / "idx" / "index.json").read_text())
+    (tmp_path / "idx" / "index.json").write_text(json.dumps({**meta, "format_version": 99}))
+    _fails(["search", "--index", tmp_path / "idx", "--text", "a red circle", "--reference", "1"], capsys,
+           "format_version 99 was written by a newer foco")
+
+
+def test_a_world_line_of_the_wrong_type_is_refused_even_when_rehashed(tiny_world, tmp_path):
+    """An edited manifest whose world.json was updated to match (a user's edit, not damage) is still typed."""
+    import hashlib
+    from foco.utils.io import ManifestError
+    from foco.world.manifest import load_benchmark
+    world = tmp_path / "w"
+    shutil.copytree(tiny_world, world, symlinks=True)
+    rel = "benchmarks/test/single/queries.jsonl"
+    lines = (world / rel).read_text().splitlines(keepends=True)
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({**first, "id": 12345}) + "\n"
+    (world / rel).write_text("".join(lines))
+    summary = json.loads((world / "world.json").read_text())
+    summary["manifests_sha256"][rel] = hashlib.sha256((world / rel).read_bytes()).hexdigest()
+    (world / "world.json").write_text(json.dumps(summary))
+    with pytest.raises(ManifestError, match=r"queries.jsonl:1: field id should be a string"):
+        load_benchmark(world, "test", "single")
+
+
+@pytest.mark.parametrize("text", ["\ufe0f\u200b", "\u0301\u0301", "\ufe0f\ufe0f\ufe0e", "\u00ad"])
+def test_text_of_marks_and_format_characters_alone_is_blank(text):
+    from foco.utils.text import text_problem
+    assert "blank" in text_problem(text)
+    assert text_problem("e\u0301") is None and text_problem("caf\u00e9 \u2764\ufe0f") is None
+
+
+def test_an_artifact_is_never_written_inside_another_even_with_force(tiny_world, four_image_index, tmp_path, capsys):
+    shutil.copytree(four_image_index, tmp_path / "idx")
+    for extra in ([], ["--force"]):
+        _fails(["features", "extract", "--world", tiny_world, "--split", "test/single", "--backbone",
+                "world:pretrained", "--out", tmp_path / "idx" / "vectors", *extra], capsys,
+               "is inside", "holds a search index", "writes a feature cache")
+    assert sorted(p.name for p in (tmp_path / "idx" / "vectors").iterdir()) == ["shard-00000.f32"]

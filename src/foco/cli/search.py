@@ -82,7 +82,8 @@ def _search(a: argparse.Namespace) -> int:
         return 0
     print("| rank | id | score | path |\n|---|---|---|---|")
     for r, h in enumerate(answer.hits, 1):
-        print(f"| {r} | {h.id} | {h.score:.4f} | {h.path} |")
+        cell = h.path.replace("\\", "\\\\").replace("|", "\\|").replace("\n", "\\n").replace("\r", "\\r")
+        print(f"| {r} | {h.id} | {h.score:.4f} | {cell} |")  # a file name's | or line break kept in its cell
     return 0
 
 

@@ -121,6 +121,9 @@ def read_meta(out: Path) -> dict:
     except ManifestError as exc:
         raise ManifestError(f"{exc}; {FIXES['index.json']}") from None
     version = meta.get("format_version") if isinstance(meta, dict) else None
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
+        raise ValueError(f"{out / 'index.json'}: format_version {version} was written by a newer foco (this one reads "
+                         f"{FORMAT_VERSION}); update foco, or build the index again into a new --out")
     if isinstance(version, int) and not isinstance(version, bool) and version < FORMAT_VERSION:
         raise ValueError(f"{out} was written by an older foco (index format {meta.get('format_version')}, vectors "
                          "inside SQLite); build it again with `foco index build` into a new --out")

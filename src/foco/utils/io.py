@@ -165,9 +165,26 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number JSON allows")
 
 
+def _finite(text: str) -> float:
+    x = float(text)
+    if x in (float("inf"), float("-inf")):
+        raise ValueError(f"{text} is beyond a 64-bit float")
+    return x
+
+
+def _no_duplicates(pairs: list) -> dict:
+    seen = {}
+    for k, v in pairs:
+        if k in seen:
+            raise ValueError(f"the key {k!r} appears twice in one object (which one counts is up to the reader)")
+        seen[k] = v
+    return seen
+
+
 def loads_strict(text: str) -> Any:
-    """json.loads that refuses NaN, Infinity and -Infinity (Python's json takes them; no other reader does)."""
-    return json.loads(text, parse_constant=_no_constant)
+    """json.loads that refuses NaN, Infinity and -Infinity (Python's json takes them; no other reader does), a
+    number beyond a float (1e400), and a key given twice in one object."""
+    return json.loads(text, parse_constant=_no_constant, parse_float=_finite, object_pairs_hook=_no_duplicates)
 
 
 def read_json(path: str | Path) -> Any:

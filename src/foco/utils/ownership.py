@@ -42,6 +42,9 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
+CONTAINERS = ("quickstart run", "ablation run")  # kinds whose folders hold other artifacts (a world, caches, ...)
+
+
 def folder_kind(folder: str | Path) -> str | None:
     """The kind of artifact `folder` holds: the one its owner file records, else the one its files show (a folder
     an older foco wrote), else None (empty, or nothing foco knows)."""
@@ -60,6 +63,11 @@ def check_kind(folder: str | Path, kind: str, command: str, flag: str = "--out")
     folder). A user's folder that foco wrote into with --force stays the user's: `check_folder` speaks for it."""
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; known: {', '.join(KINDS)}")
+    for parent in Path(folder).resolve().parents:  # an artifact is never written inside another one
+        outer = folder_kind(parent)
+        if outer is not None and outer not in CONTAINERS and outer != kind:
+            raise FileExistsError(f"{flag} {folder} is inside {parent}, which holds a {outer}; `foco {command}` "
+                                  f"writes a {kind}, never inside another artifact: choose an {flag} outside it")
     meta = _read(Path(folder))
     if meta and not meta.get("command"):  # a user's folder, written into with --force
         return

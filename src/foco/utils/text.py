@@ -11,7 +11,8 @@ A text is refused, naming its file and line (or field), when it
 - is longer than `MAX_TEXT_CHARS` where a reader sets that limit (a request's text; captions are decomposed in
   pieces instead, `foco.decompose.rule`);
 - is blank, where a text is required (a modification text, a caption): nothing but whitespace and invisible
-  format characters (zero-width spaces and joiners, the byte-order mark, soft hyphens: Unicode's Cf category).
+  format characters (zero-width spaces and joiners, the byte-order mark, soft hyphens: Unicode's Cf category), and
+  marks with no character to carry them (combining accents and variation selectors alone: Mn, Me).
 
 Nothing is stripped or substituted: the fix is the user's, and the message says which character and where.
 """
@@ -30,7 +31,7 @@ def text_problem(text: object, allow_empty: bool = False, max_chars: int | None 
     if not isinstance(text, str):
         return f"is not a string ({type(text).__name__})"
     if not allow_empty and is_blank(text):
-        return "is empty" if not text.strip() else "is blank (only invisible format characters)"
+        return "is empty" if not text.strip() else "is blank (only invisible format characters or marks)"
     m = _CONTROL.search(text)
     if m:
         return f"holds the control character U+{ord(m.group()):04X} at character {m.start() + 1}"
@@ -50,12 +51,16 @@ def is_unicode(text: str) -> bool:
 
 
 def is_blank(text: str) -> bool:
-    """Whether `text` shows nothing: only whitespace and format characters (U+200B, U+FEFF, ...). It stops at the
-    first visible character, so a long caption costs nothing."""
+    """Whether `text` shows nothing: only whitespace, format characters (U+200B, U+FEFF, ...) and marks that
+    decorate nothing (U+0301, U+FE0F alone). It stops at the first visible character, so a long caption costs
+    nothing."""
     for ch in text:
-        if not ch.isspace() and unicodedata.category(ch) != "Cf":
+        if not ch.isspace() and unicodedata.category(ch) not in _INVISIBLE:
             return False
     return True
+
+
+_INVISIBLE = {"Cf", "Mn", "Me"}  # format characters; nonspacing and enclosing marks (they draw on a base only)
 
 
 def first_control(text: str) -> str | None:

@@ -59,6 +59,7 @@ def _load_pairs(root: Path, split: str) -> list[WorldPair]:
     path = root / "pairs" / f"{split}.jsonl"
     out = []
     for lineno, r in enumerate(read_jsonl(path, required=("id", "image", "caption", "decomposition")), 1):
+        _check_types(path, lineno, r, {"id": str, "image": str, "caption": str})
         try:
             dec = Decomposition.from_dict(r["decomposition"])
         except ValueError as exc:
@@ -83,6 +84,8 @@ def _load_benchmark(root: Path, split: str, protocol: str) -> WorldBenchmark:
     elif protocol == "restaged":  # the same, over a redrawn gallery: checked likewise
         check_restaged(root, split)
     gallery = read_jsonl(base / "gallery.jsonl", required=("id", "image"))
+    for lineno, g in enumerate(gallery, 1):
+        _check_types(base / "gallery.jsonl", lineno, g, {"id": str, "image": str})
     gids = [str(g["id"]) for g in gallery]
     _check_unique(base / "gallery.jsonl", gids)
     known = set(gids)
@@ -91,6 +94,8 @@ def _load_benchmark(root: Path, split: str, protocol: str) -> WorldBenchmark:
     queries = read_jsonl(qpath, required=("id", "reference", "modification", target_key))
     bench = WorldBenchmark(protocol, gids, [root / g["image"] for g in gallery], [], [], [], [], [], [])
     for lineno, q in enumerate(queries, 1):
+        _check_types(qpath, lineno, q, {"id": str, "reference": str, "modification": str, "target": str,
+                                        "targets": list, "subset": list, "edit": dict})
         targets = [q["target"]] if target_key == "target" else list(q["targets"])
         subset = list(q.get("subset", []))
         unknown = [x for x in [q["reference"], *targets, *subset] if x not in known]
@@ -112,6 +117,19 @@ def _load_benchmark(root: Path, split: str, protocol: str) -> WorldBenchmark:
     _check_count(root, f"benchmarks/{split}/{protocol}/gallery.jsonl", len(gids))
     _check_count(root, f"benchmarks/{split}/{protocol}/queries.jsonl", len(queries))
     return bench
+
+
+def _check_types(path: Path, lineno: int, rec: dict, types: dict) -> None:
+    """The fields of a manifest line that readers use hold their type (a list: of strings), where present."""
+    for key, kind in types.items():
+        if key not in rec:
+            continue
+        value = rec[key]
+        ok = isinstance(value, kind) and (kind is not list or all(isinstance(v, str) for v in value))
+        if not ok:
+            what = "a list of strings" if kind is list else {str: "a string", dict: "an object"}[kind]
+            raise ManifestError(f"{path}:{lineno}: field {key} should be {what}, not {value!r:.40}; fix the line or "
+                                "regenerate the world")
 
 
 def _check_text(path: Path, lineno: int, field: str, value) -> None:
