@@ -374,3 +374,22 @@ def test_an_artifact_is_never_written_inside_another_even_with_force(tiny_world,
                 "world:pretrained", "--out", tmp_path / "idx" / "vectors", *extra], capsys,
                "is inside", "holds a search index", "writes a feature cache")
     assert sorted(p.name for p in (tmp_path / "idx" / "vectors").iterdir()) == ["shard-00000.f32"]
+
+
+def test_a_world_record_that_is_a_folder_and_a_zero_memory_budget_are_refused(tiny_world, tmp_path):
+    from foco.search.vectors import parse_bytes
+    from foco.utils.io import ManifestError
+    from foco.world.generate import world_fingerprint
+    from foco.world.manifest import load_pairs
+    world = tmp_path / "w"
+    shutil.copytree(tiny_world, world, symlinks=True)
+    (world / "world.json").unlink()
+    (world / "world.json").mkdir()
+    with pytest.raises(ManifestError, match="world.json is not a file"):
+        world_fingerprint(world)
+    with pytest.raises(ManifestError, match="world.json is not a file"):
+        load_pairs(world, "train")
+    for value in ("0B", "0", "512KB"):
+        with pytest.raises(ValueError, match="at least 1MB"):
+            parse_bytes(value)
+    assert parse_bytes("1MB") == 1024 ** 2

@@ -72,6 +72,8 @@ def parse_bytes(value: str) -> int:
     size = float(m.group(1)) * 1024 ** " KMGT".index(m.group(2).upper() or " ")
     if not math.isfinite(size) or size > MAX_BYTES:
         raise ValueError(f"--max-index-memory {value!r}: at most {MAX_BYTES // 1024 ** 4} TB")
+    if size < 1024 ** 2:
+        raise ValueError(f"--max-index-memory {value!r}: at least 1MB (no index fits in less)")
     return int(size)
 
 

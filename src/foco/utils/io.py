@@ -124,9 +124,9 @@ def iter_jsonl(path: str | Path) -> Iterator[tuple[int, dict[str, Any]]]:
             if "\\u" in line:  # only an escape can spell a lone surrogate (U+D800-U+DFFF) in UTF-8 text
                 field = _surrogate_field(rec)
                 if field is not None:
-                    raise ManifestError(f"{path}:{lineno}: field {field} holds a lone surrogate (half of a UTF-16 pair, "
-                                        "written as a \\uD8xx-\\uDFxx escape), which is not text any UTF-8 file "
-                                        "or tokenizer can hold; fix the line")
+                    raise ManifestError(f"{path}:{lineno}: field {field} holds a lone surrogate (half of a UTF-16 "
+                                        "pair, written as a \\uD8xx-\\uDFxx escape), which is not text any UTF-8 "
+                                        "file or tokenizer can hold; fix the line")
             yield lineno, rec
 
 

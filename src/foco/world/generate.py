@@ -111,6 +111,9 @@ def world_fingerprint(root: str | Path) -> str | None:
     """What a world is, for the artifacts made from it: the sha256 of its world.json (config, counts and, since
     issue 24, every manifest's sha256). A feature cache records it; evaluation and training check it."""
     path = Path(root) / "world.json"
+    if path.exists() and not path.is_file():
+        from ..utils.io import ManifestError
+        raise ManifestError(f"{path} is not a file: the world's record is damaged; regenerate the world")
     return sha256_file(path)[:16] if path.is_file() else None
 
 

@@ -166,6 +166,8 @@ def _hash_problem(root: Path, rel: str, record: dict | None = None) -> str | Non
     from ..utils.io import sha256_file
     summary = root / "world.json"
     if record is None:
+        if summary.exists() and not summary.is_file():
+            raise ManifestError(f"{summary} is not a file: the world's record is damaged; regenerate the world")
         if not summary.is_file():
             return None
         record = read("world.json", summary)
