@@ -393,3 +393,14 @@ def test_a_world_record_that_is_a_folder_and_a_zero_memory_budget_are_refused(ti
         with pytest.raises(ValueError, match="at least 1MB"):
             parse_bytes(value)
     assert parse_bytes("1MB") == 1024 ** 2
+
+
+def test_extraction_refuses_two_swapped_world_images(tiny_world, tmp_path, capsys):
+    world = tmp_path / "w"
+    shutil.copytree(tiny_world, world)
+    a, b = sorted((world / "images" / "test-single").glob("*.png"))[:2]
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
+    _fails(["features", "extract", "--world", world, "--split", "test/single", "--backbone", "world:pretrained",
+            "--out", tmp_path / "f"], capsys, a.name, "images.sha256", "foco world verify")

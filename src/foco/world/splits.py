@@ -46,6 +46,7 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
     captions only (F_Comp reads them token by token; everything else is read by its global vector), unless
     `cfg.tokens_for` says otherwise."""
     images, texts = split_items(world, split, include_captions, decompositions)
+    check_image_hashes(Path(world), [path for _, path in images])
     from .generate import world_fingerprint
     source = {"world": world_fingerprint(world), "split": split}
     if "/" in split and pictures_fingerprint(world, *split.split("/", 1)) is not None:
@@ -54,6 +55,22 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
     if "/" not in split and cfg.tokens and cfg.tokens_for is None:
         cfg = replace(cfg, tokens_for=context_texts(world, split, decompositions))
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}
+
+
+def check_image_hashes(world: Path, paths: list[Path]) -> None:
+    """The split's images are the ones generation hashed (images.sha256; a restaging's own pictures are checked by
+    `foco world verify` against its restaged.json): a replaced or swapped picture is refused before it is encoded."""
+    from ..utils.io import ImageLoadError, sha256_file
+    from .verify import _read_hashes
+    hashes = _read_hashes(world)
+    if hashes is None:
+        return
+    for path in paths:
+        rel = path.relative_to(world).as_posix() if path.is_relative_to(world) else None
+        if rel in hashes and path.is_file() and sha256_file(path) != hashes[rel]:
+            raise ImageLoadError(f"{path}: content differs from the sha256 recorded in {world / 'images.sha256'} "
+                                 "(replaced or swapped since generation); regenerate the world, or see every changed "
+                                 f"file with `foco world verify {world}`")
 
 
 def context_texts(world: str | Path, split: str, decompositions: dict[str, Decomposition] | None = None
