@@ -33,7 +33,7 @@ def seed_int(v: str) -> int:
 
 def positive_int(v: str) -> int:
     """argparse type: an integer >= 1 (0 or a negative count is refused, never read as "no limit")."""
-    return _int_at_least(v, 1, "is not a positive count (leave the flag out for no limit)")
+    return _int_at_least(v, 1, "is not a positive count (leave the flag out for its default)")
 
 
 def nonneg_int(v: str) -> int:

@@ -14,7 +14,7 @@ def _float(v: str, ok, refusal: str) -> float:
     if not math.isfinite(x):
         raise argparse.ArgumentTypeError(f"{v!r} is not a finite number")
     if not ok(x):
-        raise argparse.ArgumentTypeError(f"{x:g} {refusal}")
+        raise argparse.ArgumentTypeError(f"{v.strip()} {refusal}")  # as typed: 100.00000000001 is not "100"
     return x
 
 
