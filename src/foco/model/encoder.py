@@ -143,11 +143,8 @@ class ComposedQueryEncoder(nn.Module):
         path = Path(path)
         from ..utils.io import sha256_file
         meta = checkpoint_meta(path)
-        try:
-            model = ComposedQueryEncoder(config_from_dict(meta["config"]))
-        except (ValueError, TypeError) as exc:
-            raise ValueError(f"{path / 'foco.json'}: its config does not build a model ({exc}); retrain it with "
-                             "`foco train`, or restore its foco.json") from None
+        from ..records import built
+        model = built(path / "foco.json", lambda: ComposedQueryEncoder(config_from_dict(meta["config"])))
         weights = path / "foco.safetensors"
         fix = "retrain it with `foco train`, or point --checkpoint at a FoCo checkpoint folder"
         changed = meta.get("weights_sha256") and weights.is_file() and sha256_file(weights) != meta["weights_sha256"]

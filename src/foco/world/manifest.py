@@ -140,12 +140,11 @@ def _check_text(path: Path, lineno: int, field: str, value) -> None:
 
 
 def _check_count(root: Path, rel: str, n: int) -> None:
-    """A manifest holds as many records as world.json counts for it, and its bytes are those world.json hashed at
-    generation (`manifests_sha256`): a deleted, added, reordered or edited line is refused by every reader (training,
+    """A manifest holds as many records as world.json counts for it (its bytes were checked against world.json's
+    sha256 before it was parsed, `_hashed`): a deleted or added line is refused by every reader (training,
     extraction, evaluation), not only by `foco world verify`. A world without world.json is a user's folder of
     manifests: nothing to compare with."""
     from ..records import read
-    from ..utils.io import sha256_file
     summary = root / "world.json"
     if not summary.is_file():
         return
@@ -154,23 +153,19 @@ def _check_count(root: Path, rel: str, n: int) -> None:
     if want is not None and want != n:
         raise ManifestError(f"{root / rel}: {n} records, but {summary} counts {want} (lines deleted or added since "
                             "generation); regenerate the world, or check it with `foco world verify`")
-    problem = _hash_problem(root, rel, record)
-    if problem:
-        raise ManifestError(problem)
 
 
-def _hash_problem(root: Path, rel: str, record: dict | None = None) -> str | None:
+def _hash_problem(root: Path, rel: str) -> str | None:
     """What is wrong with a manifest's bytes against the sha256 world.json recorded at generation, or None (also
     for a folder of manifests without world.json, a user's)."""
     from ..records import read
     from ..utils.io import sha256_file
     summary = root / "world.json"
-    if record is None:
-        if summary.exists() and not summary.is_file():
-            raise ManifestError(f"{summary} is not a file: the world's record is damaged; regenerate the world")
-        if not summary.is_file():
-            return None
-        record = read("world.json", summary)
+    if summary.exists() and not summary.is_file():
+        raise ManifestError(f"{summary} is not a file: the world's record is damaged; regenerate the world")
+    if not summary.is_file():
+        return None
+    record = read("world.json", summary)
     digest = (record.get("manifests_sha256") or {}).get(rel)
     if digest is not None and (root / rel).is_file() and sha256_file(root / rel) != digest:
         return (f"{root / rel} does not match the sha256 {summary} recorded at generation (lines edited, swapped or "
