@@ -80,6 +80,16 @@ class PairTable:
     def pairs_per_image(self) -> torch.Tensor:
         return (self.local_idx >= 0).sum(1)  # (N,)
 
+    def pair_mask(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, K) bool on the CPU, which pairs images `idx` (B,) have, without reading a feature: every rank can
+        draw the global batch's negative plan from it (`foco.train.foco.distributed_step`)."""
+        return self.local_idx[idx] >= 0
+
+    @property
+    def token_length(self) -> int:
+        """The longest context any batch of this table holds (the fixed length of the data-parallel gather)."""
+        return max(1, int(self.text_tokens.shape[1]))
+
     def prefetch(self, batches: list[torch.Tensor]) -> None:
         """Nothing to read ahead: the table is in memory."""
 
@@ -147,6 +157,19 @@ class StreamingPairTable:
 
     def pairs_per_image(self) -> torch.Tensor:
         return (self.local_idx >= 0).sum(1)  # (N,)
+
+    def pair_mask(self, idx: torch.Tensor) -> torch.Tensor:
+        """(B, K) bool on the CPU, which pairs images `idx` (B,) have, without reading a feature."""
+        return self.local_idx[idx] >= 0
+
+    @property
+    def token_length(self) -> int:
+        """The longest context of this table's pairs (read once from the shards' token offsets): the fixed
+        length of the data-parallel gather."""
+        if getattr(self, "_token_length", None) is None:
+            used = torch.unique(self.context_idx[self.local_idx >= 0]).numpy()
+            self._token_length = max(1, int(self.texts.lengths(used).max(initial=0))) if len(used) else 1
+        return self._token_length
 
     def prefetch(self, batches: list[torch.Tensor], depth: int = 2) -> None:
         """Reads this epoch's `batches` (each (B,)) in a background thread, `depth` ahead of the steps that ask for

@@ -12,8 +12,17 @@ carry gradients back to the rank that produced each row (`torch.distributed.nn.a
 `gather_with_grad` does.
 
 The backend follows the run's device (`foco.utils.device`): gloo on the CPU, nccl on CUDA, where each rank holds
-cuda:$LOCAL_RANK and every collective takes tensors on it (`DistEnv.device`). The process group has a timeout, so
-that a rank that dies stops the others with a clear error instead of a hang.
+cuda:$LOCAL_RANK and every collective takes tensors on it (`DistEnv.device`).
+
+Timeouts. The group is made with the long setup timeout (`--setup-timeout`, default 1800 s): before the first step
+one rank may work alone while the others wait (rank 0 encodes the edit texts, shards are hashed, inductor compiles).
+`steady` then shortens it to the step timeout (`--dist-timeout`, default 600 s): a rank that dies mid-training stops
+the others within it. On nccl, `TORCH_NCCL_BLOCKING_WAIT=1` is set (unless the user set it) so that a timed-out
+collective raises a Python error, which the loop turns into `RankLost` with how to resume, instead of nccl's
+watchdog tearing the process down.
+
+`--force-distributed` (`RunContext.forced`) takes the data-parallel path at world size 1: a real process group of
+one (nccl on a GPU, gloo on the CPU), DDP and the gathers, so that a one-GPU machine tests what 8 GPUs run.
 """
 from __future__ import annotations
 
@@ -24,7 +33,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-DEFAULT_TIMEOUT_S = 120
+DEFAULT_TIMEOUT_S = 600  # a step's collectives (--dist-timeout)
+SETUP_TIMEOUT_S = 1800  # from joining the group to the first step (--setup-timeout)
 
 
 class RankLost(RuntimeError):
@@ -40,6 +50,8 @@ class RunContext:
     device: str = "cpu"  # where this rank's model, batches and collective tensors live
     seed: int = 0
     out: str | None = None
+    forced: bool = False  # the data-parallel path (process group, DDP, gathers) even at world size 1
+    step_timeout_s: float | None = None  # what `steady` sets once setup is over (init_distributed records it)
 
     @property
     def torch_device(self) -> torch.device:
@@ -47,7 +59,7 @@ class RunContext:
 
     @property
     def enabled(self) -> bool:
-        return self.world_size > 1
+        return self.world_size > 1 or self.forced
 
     @property
     def is_main(self) -> bool:
@@ -61,29 +73,58 @@ class RunContext:
 DistEnv = RunContext  # the name the collectives' signatures use: only rank, world size and device matter there
 
 
-def env_from_torchrun(device: str | torch.device | None = None) -> DistEnv:
+def env_from_torchrun(device: str | torch.device | None = None, forced: bool = False) -> DistEnv:
     """RANK and WORLD_SIZE as torchrun sets them; one process otherwise. `device` ("auto", "cpu", "cuda", ...;
-    None: "auto") is resolved by `foco.utils.device`: under torchrun with CUDA, cuda:$LOCAL_RANK."""
+    None: "auto") is resolved by `foco.utils.device`: under torchrun with CUDA, cuda:$LOCAL_RANK, made this
+    process's current GPU here (every torchrun path starts here). `forced`: the data-parallel path at world size 1."""
     from ..utils.device import resolve_device
-    return DistEnv(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   str(resolve_device(device if device is not None else "auto")))
+    env = DistEnv(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                  str(resolve_device(device if device is not None else "auto")), forced=bool(forced))
+    if env.torch_device.type == "cuda":
+        torch.cuda.set_device(env.torch_device)
+    return env
 
 
-def init_distributed(env: RunContext, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S
-                     ) -> RunContext:
-    """Joins the process group of `env` (env:// rendezvous: MASTER_ADDR, MASTER_PORT) with a timeout on every
-    collective: nccl when `env.device` is CUDA (this rank's GPU made current), gloo otherwise. Returns `env`, the
-    run's context, which the caller passes on (nothing is kept in a module global)."""
+def init_distributed(env: RunContext, backend: str | None = None, timeout_s: float = DEFAULT_TIMEOUT_S,
+                     setup_timeout_s: float | None = None) -> RunContext:
+    """Joins the process group of `env` (env:// rendezvous: MASTER_ADDR, MASTER_PORT; a forced group of one
+    without torchrun makes its own on a free local port): nccl when `env.device` is CUDA (this rank's GPU made
+    current), gloo otherwise. Collectives time out after `setup_timeout_s` (None: the larger of `timeout_s` and
+    `SETUP_TIMEOUT_S`) until `steady` sets `timeout_s`, the step timeout. Returns `env`, the run's context, which
+    the caller passes on (nothing is kept in a module global)."""
     device = env.torch_device
     if device.type == "cuda":
         torch.cuda.set_device(device)
     if not env.enabled or dist.is_initialized():
-        return env
+        return replace(env, step_timeout_s=float(timeout_s)) if env.enabled else env
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
+    if backend == "nccl":  # a timed-out collective raises (RankLost) instead of the watchdog killing the process
+        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
+    if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
     kwargs = {"device_id": device} if device.type == "cuda" else {}
+    setup = setup_timeout_s if setup_timeout_s is not None else max(timeout_s, SETUP_TIMEOUT_S)
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
-    return env
+                            timeout=datetime.timedelta(seconds=setup), **kwargs)
+    return replace(env, step_timeout_s=float(timeout_s))
+
+
+def steady(env: DistEnv) -> float | None:
+    """Setup is over (called by the loop before its first step): the group's collectives now time out after the
+    step timeout given to `init_distributed`. Returns it (None: no group, or one made elsewhere: left as it is)."""
+    t = env.step_timeout_s
+    if not env.enabled or t is None or not dist.is_initialized():
+        return None
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+    _set_pg_timeout(datetime.timedelta(seconds=t))
+    return t
+
+
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def context(device: str | torch.device | None = None, seed: int = 0, out: str | os.PathLike | None = None
@@ -100,7 +141,7 @@ def context(device: str | torch.device | None = None, seed: int = 0, out: str | 
     else:
         dev = "cpu"
     if grouped:
-        return RunContext(dist.get_rank(), dist.get_world_size(), dev).for_run(seed, out)
+        return RunContext(dist.get_rank(), dist.get_world_size(), dev, forced=True).for_run(seed, out)
     return RunContext(device=dev).for_run(seed, out)
 
 
@@ -124,6 +165,24 @@ def gather_rows(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
     parts = [torch.empty_like(t) for _ in range(env.world_size)]
     dist.all_gather(parts, t)
     return torch.cat([part[:n] for part, n in zip(parts, counts)])
+
+
+def gather_packed(parts: list[torch.Tensor], env: DistEnv) -> list[torch.Tensor]:
+    """Every rank's tensors `parts` (each (b, ...), the same shapes on every rank: a fixed batch share and a fixed
+    token length) in ONE collective, without gradient: each is flattened to (b, n_i) float32 (bools and small ints
+    exactly), the row-wise concatenation (b, sum n_i) is all-gathered into (N b, sum n_i), and split back into
+    (N b, ...) tensors of the parts' dtypes, rows in rank order. No size is exchanged, so nothing is read on the
+    host: the caller guarantees equal shapes (`rank_slice` and `_local_steps` give every rank B/N rows)."""
+    if not env.enabled:
+        return parts
+    b = parts[0].shape[0]
+    flat = [p.detach().reshape(b, -1).float() for p in parts]  # (b, n_i)
+    widths = [f.shape[1] for f in flat]
+    packed = torch.cat(flat, dim=1).contiguous()  # (b, sum n_i)
+    out = torch.empty(env.world_size * b, packed.shape[1], dtype=packed.dtype, device=packed.device)
+    (getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor)(out, packed)
+    return [chunk.reshape(env.world_size * b, *p.shape[1:]).to(p.dtype)
+            for chunk, p in zip(out.split(widths, dim=1), parts)]
 
 
 def gather_with_grad(t: torch.Tensor, env: DistEnv) -> torch.Tensor:
@@ -194,14 +253,23 @@ def ddp(module: torch.nn.Module, env: DistEnv, find_unused: bool = True) -> torc
     return torch.nn.parallel.DistributedDataParallel(module, find_unused_parameters=find_unused, **ids)
 
 
+def mean_block(block: torch.Tensor, env: DistEnv) -> torch.Tensor:
+    """The mean over ranks of a block of logged values (steps, values) on the device: one all-reduce for every
+    step the block holds (the loop reads its logs every N steps)."""
+    if not env.enabled:
+        return block
+    block = block.clone()
+    dist.all_reduce(block)
+    return block / env.world_size
+
+
 def mean_across(values: dict[str, float], env: DistEnv) -> dict[str, float]:
-    """The mean of each logged value over ranks (each rank's mean over its own rows)."""
+    """The mean of each value over ranks (each rank's mean over its own rows): for values already on the host."""
     if not env.enabled or not values:
         return values
     keys = sorted(values)
     t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64, device=env.torch_device)
-    dist.all_reduce(t)
-    return {k: float(v) / env.world_size for k, v in zip(keys, t.tolist())}
+    return {k: float(v) for k, v in zip(keys, mean_block(t, env).tolist())}
 
 
 def barrier(env: DistEnv) -> None:

@@ -12,12 +12,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 import torch
+import torch.nn.functional as F
 
 from .data import TrainingPairs
-from .distributed import DistEnv, RunContext, context, ddp, gather_rows, rank_slice
+from .distributed import DistEnv, RunContext, context, ddp, gather_packed, rank_slice, total_across
 from .harness import Plan, check_out, train_run
 from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
-from .losses import Columns, foco_losses, local_columns, plan_negatives, plan_on
+from .losses import Columns, NegativePlan, foco_losses, local_columns, plan_columns, plan_negatives, plan_on
 from ..model import ComposedQueryEncoder, FoCoConfig
 from ..utils.device import move
 from ..utils.io import atomic_write_text
@@ -91,21 +92,58 @@ class FoCoObjective(torch.nn.Module):
 
 def distributed_step(objective: torch.nn.Module, table: TrainingPairs, idx: torch.Tensor, max_negatives: int | None,
                      gen: torch.Generator, with_comp: bool, env: DistEnv, sharded: bool = False,
-                     loss: str = "sigmoid", negatives: str = "cross-instance") -> Losses:
+                     loss: str = "sigmoid", negatives: str = "cross-instance", token_length: int | None = None
+                     ) -> Losses:
     """This rank's rows of the global batch `idx` (B,) against columns gathered from every rank, under the global
-    negative plan, which every rank draws identically (see `foco.train.distributed`). `sharded`: `table` is this
-    rank's own data and `idx` (b,) already its rows of the global batch."""
+    negative plan, which every rank draws identically on the CPU (see `foco.train.distributed`). `sharded`:
+    `table` is this rank's own data and `idx` (b,) already its rows of the global batch.
+
+    A step makes one collective (`gather_packed`: the columns, at the fixed `token_length`, every rank's longest
+    context: `run_token_length`) and reads nothing on the host, where the table can tell the batch's pairs without
+    reading features (`pair_mask`): the cached tables. Online tables gather the mask and the length first."""
     local = idx if sharded else rank_slice(idx, env)  # (b,)
+    b = local.shape[0]
+    off = env.rank * b
     batch = move(table.batch(local), env.device)
-    mask = gather_rows(batch.local_mask.to(torch.uint8), env).bool()  # (B, K), on the device for the collective
-    plan = plan_on(plan_negatives(mask.cpu(), max_negatives, gen), batch.local.device)  # drawn on the CPU
-    b, off = local.shape[0], env.rank * local.shape[0]
+    plan = plan_on(_plan(table, idx, local, batch.local_mask, max_negatives, gen, env, sharded), env.torch_device)
     own = local_columns(batch, plan.neg_k[off:off + b], with_comp)
-    columns = Columns(gather_rows(own.anchor, env),
-                      gather_rows(own.ctx_tokens, env) if with_comp else None,
-                      gather_rows(own.ctx_mask.to(torch.uint8), env).bool() if with_comp else None,
-                      gather_rows(own.image_global, env))
+    parts = [own.anchor, own.image_global]  # (b, D), (b, D)
+    if with_comp:
+        L = token_length or total_across(own.ctx_tokens.shape[1], env, "max")
+        pad = L - own.ctx_tokens.shape[1]
+        parts += [F.pad(own.ctx_tokens, [0, 0, 0, pad]), F.pad(own.ctx_mask, [0, pad])]  # (b, L, D), (b, L)
+    got = gather_packed(parts, env)
+    columns = Columns(got[0], got[2] if with_comp else None, got[3] if with_comp else None, got[1])
     return objective(batch, plan, with_comp, columns, off, loss=loss, negatives=negatives)
+
+
+def run_token_length(table: TrainingPairs, env: DistEnv) -> int | None:
+    """The fixed token length of a run's gathers: the longest context of every rank's table (one collective, once);
+    None where a table cannot tell it before reading (online encoding: each step then agrees on its own)."""
+    length = getattr(table, "token_length", None)
+    flag = total_across(0 if length is None else 1, env, "min")
+    return total_across(int(length), env, "max") if flag else None
+
+
+def _plan(table: TrainingPairs, idx: torch.Tensor, local: torch.Tensor, mask: torch.Tensor, max_negatives: int | None,
+          gen: torch.Generator, env: DistEnv, sharded: bool) -> NegativePlan:
+    """The step's negative plan on the CPU, the same on every rank: the global batch's, as one process draws it,
+    from the pair masks of `idx` where the table is global; for rank-local data (`sharded`), each rank draws its
+    own rows' k' from a generator seeded from the shared one, and the columns from the shared one. The mask is
+    gathered only from a table that cannot tell it before reading (online encoding)."""
+    pair_mask = getattr(table, "pair_mask", None)
+    if pair_mask is not None and not sharded:
+        return plan_negatives(pair_mask(idx), max_negatives, gen)
+    b = local.shape[0]
+    B = b * env.world_size
+    if pair_mask is not None:
+        seed = int(torch.randint(2 ** 62, (1,), generator=gen))  # CPU generator: no device read
+        own = torch.multinomial(pair_mask(local).float(), 1,
+                                generator=torch.Generator().manual_seed(seed + env.rank))[:, 0]  # (b,)
+        neg_k = torch.zeros(B, dtype=torch.long)  # (B,) this rank's rows filled: the only ones it reads
+        neg_k[env.rank * b:(env.rank + 1) * b] = own
+        return NegativePlan(neg_k, plan_columns(B, max_negatives, gen))
+    return plan_negatives(gather_packed([mask], env)[0].cpu(), max_negatives, gen)  # mask: this rank's (b, K)
 
 
 def _stage(model: ComposedQueryEncoder, table: TrainingPairs, cfg: FoCoTrainConfig, gen: torch.Generator,
@@ -113,10 +151,14 @@ def _stage(model: ComposedQueryEncoder, table: TrainingPairs, cfg: FoCoTrainConf
            sharded: bool = False) -> Phase:
     with_comp = stage == 2
 
+    length: list[int | None] = []  # the run's fixed token length, agreed on by the ranks at the first step
+
     def step(idx: torch.Tensor) -> Losses:  # idx (B,), the global batch; (B/N,) this rank's rows when sharded
         if env.enabled:
+            if not length:
+                length.append(run_token_length(table, env) if with_comp else None)
             return distributed_step(objective, table, idx, cfg.max_negatives, gen, with_comp, env, sharded, cfg.loss,
-                                    cfg.negatives)
+                                    cfg.negatives, length[0])
         cpu = table.batch(idx)  # on the CPU (cached features), or already on the device (online encoding)
         plan = plan_on(plan_negatives(cpu.local_mask.cpu(), cfg.max_negatives, gen), env.torch_device)
         batch = move(cpu, env.device)

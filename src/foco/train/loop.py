@@ -24,7 +24,7 @@ from ..utils.io import _write_failed
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar, NoBar
-from .distributed import DistEnv, RankLost, barrier, mean_across, rank_lost, total_across
+from .distributed import DistEnv, RankLost, barrier, mean_block, rank_lost, steady, total_across
 
 log = logging.getLogger(__name__)
 
@@ -84,10 +84,27 @@ class LoopConfig:
     env: DistEnv = field(default_factory=DistEnv)  # data-parallel ranks: rank 0 writes, logs average over ranks
     device: str = "cpu"  # where the model and batches live: autocast runs for this device type
     schedule: str = "cosine"  # after the warm-up: "cosine" decay or "constant" (`lr_factor`)
+    sync_every: int | None = None  # logged losses and the finite check are read every N steps; None: auto
+                                   # (`sync_steps`: 1 on the CPU, SYNC_EVERY_GPU on a GPU)
+
+
+SYNC_EVERY_GPU = 50  # a GPU run reads its losses once every this many steps (--sync-every)
+
+
+def sync_steps(cfg: LoopConfig) -> int:
+    """How many steps pass between two reads of the logged values (the only host-device syncs of a step): the
+    setting, or auto: 1 on the CPU, where a read costs nothing and a non-finite step is caught before it is taken,
+    SYNC_EVERY_GPU on a GPU, where each read drains the GPU's queue."""
+    if cfg.sync_every is not None:
+        if cfg.sync_every < 1:
+            raise ValueError(f"--sync-every must be at least 1, got {cfg.sync_every}")
+        return int(cfg.sync_every)
+    return SYNC_EVERY_GPU if torch.device(cfg.device).type == "cuda" else 1
 
 
 # where or how fast a run computes, not what; precision is compared resolved, in the run's identity
-RUN_ONLY = frozenset({"device", "compile", "threads", "dist_timeout", "allow_changed", "precision"})
+RUN_ONLY = frozenset({"device", "compile", "threads", "dist_timeout", "setup_timeout", "allow_changed", "precision",
+                      "sync_every"})
 
 
 def settings_of(cfg, skip: frozenset[str] = RUN_ONLY) -> dict:
@@ -174,6 +191,7 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
     elif cfg.env.is_main:
         cut_logs(out, to_nothing=True)  # lines of a run that saved no state (e.g. a full disk at its first epoch)
     out.mkdir(parents=True, exist_ok=True)
+    steady(cfg.env)  # setup is over: collectives now time out after the step timeout
     t0 = time.time()
     plotted = [float("-inf")]  # when the loss curve was last drawn (never: the first epoch draws it)
     for i, phase in enumerate(phases[first:], first):
@@ -409,12 +427,23 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
            schedule: range, offset: int, desc: str, on_step: OnStep | None
            ) -> tuple[dict[str, float], list[tuple[int, dict[str, float]]]]:
     """One epoch's steps (`schedule`: the phase's steps from here to its end); returns each loss's mean and the
-    (global step, losses) of every step."""
+    (global step, losses) of every step.
+
+    Nothing of a step is read on the host: its losses and gradient norm stay on the device, one (values,) row a
+    step, and every N steps (`sync_steps`) the block of rows is averaged over ranks (one all-reduce) and read (one
+    sync), then checked, logged and handed to `on_step`. The check is also done on the device every step: an
+    optimiser that can skip a step there (fused Adam/AdamW, `_device_skip`) skips a non-finite one, so its update is
+    never applied; the read at the end of the block then stops the run at that step. With N = 1 the read comes
+    before the optimiser step, as does the stop."""
     params = list(phase.clip_params() if phase.clip_params else (p for g in opt.param_groups for p in g["params"]))
+    every = sync_steps(cfg)
+    skip = _device_skip(opt) if every > 1 else False
     sums: dict[str, float] = {}
     log_: list[tuple[int, dict[str, float]]] = []
+    rows: list[tuple[int, torch.Tensor]] = []  # (global step, (V + 1,) its losses and gradient norm, on the device)
+    keys: list[str] = []
     with (Bar(len(batches), desc) if cfg.env.is_main else NoBar()) as bar:
-        for idx, step in zip(batches, schedule):
+        for n, (idx, step) in enumerate(zip(batches, schedule)):
             factor = lr_factor(step, schedule.stop, cfg.warmup_frac, cfg.schedule)
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * factor
@@ -424,16 +453,63 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
             losses[phase.objective].backward()
             # after DDP's all-reduce: every rank's; grad_clip 0 measures the norm and clips nothing
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            values = mean_across({k: v.item() for k, v in losses.items()}, cfg.env)  # the same on every rank
-            _check_finite(values, float(norm), cfg, desc, offset + step)
+            keys = keys or list(losses)
+            row = torch.stack([losses[k].detach().float().reshape(()) for k in keys] +
+                              [norm.detach().float().reshape(())])  # (V + 1,)
+            rows.append((offset + step, row))
+            if skip:
+                opt.found_inf = (~torch.isfinite(row).all()).float()  # the fused step is skipped on the device
+            read: list[tuple[int, dict[str, float]]] = []
+            if every == 1:  # read before the step: a non-finite one is never taken
+                read, rows = _read_block(rows, keys, cfg, desc), []
             opt.step()
-            for k, v in values.items():
-                sums[k] = sums.get(k, 0.0) + v
-            log_.append((offset + step, values))
             bar.update(1)
-            if on_step is not None:
-                on_step(offset + step, values)
+            if rows and (len(rows) >= every or n == len(batches) - 1):
+                read, rows = _read_block(rows, keys, cfg, desc), []
+            for step_, values in read:
+                for k, v in values.items():
+                    sums[k] = sums.get(k, 0.0) + v
+                log_.append((step_, values))
+                if on_step is not None:
+                    on_step(step_, values)
+    if skip:
+        opt.found_inf = None
     return {k: v / max(1, len(batches)) for k, v in sums.items()}, log_
+
+
+def _read_block(rows: list[tuple[int, torch.Tensor]], keys: list[str], cfg: LoopConfig, desc: str
+                ) -> list[tuple[int, dict[str, float]]]:
+    """The block's values averaged over ranks (one collective) and read (one sync), checked step by step:
+    [(global step, {loss: value})]."""
+    block = mean_block(torch.stack([r for _, r in rows]), cfg.env).tolist()  # (n, V + 1)
+    out = []
+    for (step, _), vals in zip(rows, block):
+        values = dict(zip(keys, vals[:-1]))
+        _check_finite(values, vals[-1], cfg, desc, step)
+        out.append((step, values))
+    return out
+
+
+def _device_skip(opt: torch.optim.Optimizer) -> bool:
+    """Makes `opt` skip a step on the device when told (`opt.found_inf`, as the AMP grad scaler does): Adam and
+    AdamW are switched to their fused kernels, which take that flag, when every parameter is a float tensor on the
+    CPU or CUDA. False where that cannot be (another optimiser): a non-finite step is then found at the block's
+    read, after its update."""
+    if type(opt) not in (torch.optim.Adam, torch.optim.AdamW):
+        return False
+    ps = [p for g in opt.param_groups for p in g["params"]]
+    if not all(p.is_floating_point() and p.device.type in ("cpu", "cuda") for p in ps):
+        return False
+    for g in opt.param_groups:
+        if g.get("differentiable") or g.get("capturable"):
+            return False
+        g["fused"], g["foreach"] = True, False
+    for p in ps:  # steps restored for the foreach kernel: the fused one keeps them as float32 on the parameter's device
+        st = opt.state.get(p, {})
+        if "step" in st:
+            st["step"] = torch.as_tensor(st["step"], dtype=torch.float32).to(p.device)
+    opt.grad_scale = None
+    return True
 
 
 PLOT_EVERY_S = 30.0  # the loss curve is redrawn at most this often during a run, and always at its end
@@ -451,8 +527,11 @@ def _check_finite(values: dict[str, float], grad_norm: float, cfg: LoopConfig, d
     if not bad and math.isfinite(grad_norm):
         return
     what = f"loss {', '.join(f'{k} = {values[k]}' for k in bad)}" if bad else f"gradient norm {grad_norm}"
-    raise NonFiniteError(f"{cfg.name}: the {what} is not finite at {desc}, global step {step}; stopped before the "
-                         "optimiser step, and nothing of this epoch was saved (the last checkpoint in train_state, if "
+    every = sync_steps(cfg)
+    when = "before the optimiser step" if every == 1 else \
+        f"at the read that follows it (--sync-every {every}; its update was skipped where the optimiser allows)"
+    raise NonFiniteError(f"{cfg.name}: the {what} is not finite at {desc}, global step {step}; stopped {when}, "
+                         "and nothing of this epoch was saved (the last checkpoint in train_state, if "
                          "any, is the last good one). Lower the learning rate (--lr-*), or check the features and "
                          "the inputs for NaNs")
 

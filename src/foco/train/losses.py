@@ -39,11 +39,16 @@ def plan_negatives(local_mask: torch.Tensor, max_negatives: int | None = None,
     B, K = local_mask.shape
     weights = local_mask.float()
     neg_k = torch.multinomial(weights, 1, generator=generator)[:, 0]  # (B,)
+    return NegativePlan(neg_k, plan_columns(B, max_negatives, generator, local_mask.device))
+
+
+def plan_columns(B: int, max_negatives: int | None, generator: torch.Generator | None = None,
+                 device: torch.device | str = "cpu") -> torch.Tensor:
+    """(M,) long, the images j of a batch of B whose anchors are the grid's columns: all B, or `max_negatives` + 1
+    of them drawn from `generator`."""
     if max_negatives is None or max_negatives >= B - 1:
-        columns = torch.arange(B, device=local_mask.device)
-    else:
-        columns = torch.randperm(B, generator=generator, device=local_mask.device)[: max_negatives + 1].sort().values
-    return NegativePlan(neg_k, columns)
+        return torch.arange(B, device=device)
+    return torch.randperm(B, generator=generator, device=device)[: max_negatives + 1].sort().values
 
 
 def plan_on(plan: NegativePlan, device: torch.device) -> NegativePlan:
