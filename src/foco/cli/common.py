@@ -204,3 +204,36 @@ UNVERIFIED_HELP = ("use a trained method's folder whose record no longer says wh
 
 def add_unverified_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--unverified", action="store_true", help=UNVERIFIED_HELP)
+
+
+def add_distributed_args(p: argparse.ArgumentParser, sync: bool = True) -> None:
+    """The options of a data-parallel trainer under torchrun: its timeouts, the forced path of one process, and
+    how often its losses are read (`sync`)."""
+    from ..train.distributed import DEFAULT_TIMEOUT_S, SETUP_TIMEOUT_S
+    p.add_argument("--dist-timeout", type=seconds, default=DEFAULT_TIMEOUT_S,
+                   help="under torchrun: seconds a rank waits for the others during training before the job stops "
+                        "with a Python error (on nccl through TORCH_NCCL_BLOCKING_WAIT) that says how to resume")
+    p.add_argument("--setup-timeout", type=seconds, default=SETUP_TIMEOUT_S,
+                   help="under torchrun: seconds a rank waits for the others before the first step, while one of "
+                        "them may work alone (encoding edit texts, hashing shards, compiling)")
+    p.add_argument("--force-distributed", action="store_true",
+                   help="the data-parallel path (a process group, DDP, the gathers) even in one process: one GPU "
+                        "runs what 8 run (nccl on a GPU, gloo on the CPU)")
+    if sync:
+        p.add_argument("--sync-every", type=positive_int, default=None,
+                       help="read the logged losses and the finite check every N steps (default: 1 on the CPU, 50 "
+                            "on a GPU, where each read makes the CPU wait for the GPU)")
+
+
+def run_context(a: argparse.Namespace):
+    """The run's context (`foco.train.distributed.RunContext`) from a trainer's options, made once: this rank's
+    device and ranks, the process group joined (under torchrun or --force-distributed), seed and --out."""
+    from ..train.distributed import env_from_torchrun, init_distributed
+    env = env_from_torchrun(a.device, forced=a.force_distributed).for_run(a.seed, a.out)
+    env = init_distributed(env, timeout_s=a.dist_timeout, setup_timeout_s=a.setup_timeout)
+    if env.enabled and env.is_main:
+        import sys
+        import torch.distributed as dist
+        print(f"process group: {dist.get_backend()}, {env.world_size} rank(s) on {env.device}"
+              f"{' (forced: --force-distributed)' if env.world_size == 1 else ''}", file=sys.stderr, flush=True)
+    return env

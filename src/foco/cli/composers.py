@@ -5,8 +5,8 @@ import argparse
 import json
 from pathlib import Path
 
-from .common import (add_device_arg, add_owned_output, learning_rate, lora_alpha, loss_weight, nonneg_int,
-                     positive_int, seed_int)
+from .common import (add_device_arg, add_distributed_args, add_owned_output, learning_rate, lora_alpha, loss_weight,
+                     nonneg_int, positive_int, run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
@@ -15,9 +15,8 @@ def _common(a: argparse.Namespace):
     from ..backbones.tunable import TextTuneConfig
     from ..train.sources import edit_records, training_data
     check_resume(a)
-    from ..train.distributed import env_from_torchrun, init_distributed
     # torchrun ... -m foco pact ...: the run's context, made once and passed down
-    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
+    env = run_context(a)
     start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     data = training_data(a.features)  # their features' cache (or corpus): the edit table joins them
     spec = a.backbone or data.backbone_spec
@@ -110,8 +109,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     add_resume_args(p)
     add_allow_changed(p)
     add_device_arg(p)
-    p.add_argument("--dist-timeout", type=positive_int, default=120,
-                   help="under torchrun: seconds a rank waits for the others before the job stops")
+    add_distributed_args(p, sync=False)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

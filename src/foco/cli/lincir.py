@@ -3,18 +3,19 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device_arg, add_owned_output, learning_rate, positive_int, seed_int
+from .common import (add_device_arg, add_distributed_args, add_owned_output, learning_rate, positive_int,
+                     run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
 def _lincir_train(a: argparse.Namespace) -> int:
     from ..backbones import create_backbone
-    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
+    from ..train.distributed import shutdown
     from ..train.lincir import LinCIRTrainConfig, lincir_captions, train_lincir
     from ..world.generate import world_fingerprint
     captions = lincir_captions(a.world, a.split, a.add_decompositions)
     # torchrun ... -m foco lincir: the run's context, made once and passed down
-    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
+    env = run_context(a)
     resume = start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     cfg = LinCIRTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                             allow_changed=tuple(a.allow_changed))
@@ -52,7 +53,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     add_device_arg(t)
     add_resume_args(t)
-    t.add_argument("--dist-timeout", type=positive_int, default=120,
-                   help="under torchrun: seconds a rank waits for the others before the job stops")
+    add_distributed_args(t, sync=False)
     add_allow_changed(t)
     t.set_defaults(func=_lincir_train)

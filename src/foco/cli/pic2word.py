@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import argparse
 
-from .common import add_device_arg, add_owned_output, learning_rate, nonneg_int, positive_int, seed_int
+from .common import (add_device_arg, add_distributed_args, add_owned_output, learning_rate, nonneg_int, positive_int,
+                     run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
@@ -18,9 +19,9 @@ def _pic2word_train(a: argparse.Namespace) -> int:
     spec = a.backbone or cache.manifest["backbone"]
     check_same_backbone(spec, "--backbone", cache.backbone, f"the features in {a.features}",
                         f"leave --backbone out (the features' {cache.backbone['spec']}), or extract features with it")
-    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
+    from ..train.distributed import shutdown
     # torchrun ... -m foco pic2word: the run's context, made once and passed down
-    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
+    env = run_context(a)
     resume = start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
     cfg = Pic2WordTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, seed=a.seed, device=env.device,
                               optimizer=a.optimizer, allow_changed=tuple(a.allow_changed),
@@ -55,6 +56,5 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_arg(pt)
     add_resume_args(pt)
     add_allow_changed(pt)
-    pt.add_argument("--dist-timeout", type=positive_int, default=120,
-                    help="under torchrun: seconds a rank waits for the others before the job stops")
+    add_distributed_args(pt, sync=False)
     pt.set_defaults(func=_pic2word_train)

@@ -4,8 +4,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from .common import (add_decomposition_args, add_device_arg, add_owned_output, add_precision_arg, learning_rate,
-                     loss_weight, nonneg_int, positive_int, seed_int)
+from .common import (add_decomposition_args, add_device_arg, add_distributed_args, add_owned_output,
+                     add_precision_arg, learning_rate, loss_weight, nonneg_int, positive_int, run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
 
 
@@ -89,9 +89,9 @@ def _train(a: argparse.Namespace) -> int:
         raise ValueError("--online trains the paper's two stages (no --edits)")
     data = training_data(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback,
                          online=a.online, backbone=a.backbone, workers=a.workers)  # the kind, chosen once
-    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
+    from ..train.distributed import shutdown
     # torchrun ... -m foco train: the run's context, made once and passed down
-    env = init_distributed(env_from_torchrun(a.device).for_run(a.seed, a.out), timeout_s=a.dist_timeout)
+    env = run_context(a)
     resume = start_or_continue(a, env)
     cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
                           lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
@@ -102,7 +102,7 @@ def _train(a: argparse.Namespace) -> int:
                           stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
                           lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
                           edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
-                          precision=a.precision, compile=a.compile, device=env.device,
+                          precision=a.precision, compile=a.compile, device=env.device, sync_every=a.sync_every,
                           allow_changed=tuple(a.allow_changed))
     table, sharded = data.pair_table(env, max_pairs=a.max_pairs)  # the decompositions are checked here, first
     spec = data.backbone_spec
@@ -138,7 +138,8 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     x.add_argument("--world", default=None, help="world folder (foco world generate --out)")
     x.add_argument("--in", dest="inp", default=None,
                    help="instead of --world: webdataset shards, e.g. 'shards/{00000..00099}.tar' (img2dataset layout)")
-    x.add_argument("--workers", type=nonneg_int, default=2, help="with --in: DataLoader workers decoding images")
+    x.add_argument("--workers", type=nonneg_int, default=2,
+                   help="with --in: DataLoader workers reading, decoding and preprocessing images")
     x.add_argument("--with-captions", action="store_true", help="with --in: encode the full captions too")
     x.add_argument("--split", default=None,
                    help="a pairs split (pretrain, train, backbone_val) or a benchmark (val/single, test/multi, ...)")
@@ -170,7 +171,8 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                     help="with --in and --backbone: encode the shards' images and captions inside the loop (no "
                          "feature cache; for corpora whose features do not fit on disk)")
     tr.add_argument("--backbone", default=None, help="with --online: the frozen backbone, e.g. hf:PATH")
-    tr.add_argument("--workers", type=nonneg_int, default=2, help="with --online: DataLoader workers decoding images")
+    tr.add_argument("--workers", type=nonneg_int, default=2,
+                    help="with --online: DataLoader workers reading, preprocessing and tokenizing")
     add_decomposition_args(tr)
     tr.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     add_owned_output(tr, signature=("train_state", "train_log.jsonl"), kind="FoCo checkpoint")
@@ -201,8 +203,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--compile", nargs="?", const="inductor", default=None, metavar="BACKEND",
                     help="torch.compile the training step (default backend inductor; for GPUs: compiling takes a "
                          "while on the first steps)")
-    tr.add_argument("--dist-timeout", type=positive_int, default=120,
-                    help="under torchrun: seconds a rank waits for the others before the job stops")
+    add_distributed_args(tr)
     add_precision_arg(tr)
     add_device_arg(tr)
     add_resume_args(tr)

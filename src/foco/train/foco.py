@@ -59,6 +59,7 @@ class FoCoTrainConfig:
     precision: str = "fp32"  # "bf16" (autocast) or "auto" (bf16 where native): foco.utils.precision
     compile: str | None = None  # torch.compile backend of the losses' forward ("inductor" for GPUs); None: eager
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N" (foco.utils.device); None: the process group's (`context`)
+    sync_every: int | None = None  # losses read every N steps (foco.train.loop.sync_steps); None: auto
     model: FoCoConfig = field(default_factory=FoCoConfig)
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded per phase
 
@@ -128,8 +129,9 @@ def run_token_length(table: TrainingPairs, env: DistEnv) -> int | None:
 def _plan(table: TrainingPairs, idx: torch.Tensor, local: torch.Tensor, mask: torch.Tensor, max_negatives: int | None,
           gen: torch.Generator, env: DistEnv, sharded: bool) -> NegativePlan:
     """The step's negative plan on the CPU, the same on every rank: the global batch's, as one process draws it,
-    from the pair masks of `idx` where the table is global; for rank-local data (`sharded`), each rank draws its
-    own rows' k' from a generator seeded from the shared one, and the columns from the shared one. The mask is
+    from the pair masks of `idx` where the table is global; for rank-local data (`sharded`), every rank draws one
+    uniform number a row of the global batch and the columns from the shared generator, and picks its own rows'
+    k' with its numbers (uniform over each row's pairs), with nothing exchanged. The mask is
     gathered only from a table that cannot tell it before reading (online encoding)."""
     pair_mask = getattr(table, "pair_mask", None)
     if pair_mask is not None and not sharded:
@@ -137,11 +139,12 @@ def _plan(table: TrainingPairs, idx: torch.Tensor, local: torch.Tensor, mask: to
     b = local.shape[0]
     B = b * env.world_size
     if pair_mask is not None:
-        seed = int(torch.randint(2 ** 62, (1,), generator=gen))  # CPU generator: no device read
-        own = torch.multinomial(pair_mask(local).float(), 1,
-                                generator=torch.Generator().manual_seed(seed + env.rank))[:, 0]  # (b,)
+        u = torch.rand(B, generator=gen)  # (B,) one uniform draw a row, the same on every rank
+        own = pair_mask(local)  # (b, K)
+        cum = own.cumsum(1).float() / own.sum(1, keepdim=True).clamp_min(1)  # (b, K)
+        k = (cum <= u[env.rank * b:(env.rank + 1) * b, None]).sum(1).clamp(max=own.shape[1] - 1)  # (b,) k'
         neg_k = torch.zeros(B, dtype=torch.long)  # (B,) this rank's rows filled: the only ones it reads
-        neg_k[env.rank * b:(env.rank + 1) * b] = own
+        neg_k[env.rank * b:(env.rank + 1) * b] = k
         return NegativePlan(neg_k, plan_columns(B, max_negatives, gen))
     return plan_negatives(gather_packed([mask], env)[0].cpu(), max_negatives, gen)  # mask: this rank's (b, K)
 
@@ -245,7 +248,8 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
                           plot_title="FoCo training losses per step (stage 1, then stage 2" +
                                      (", then the edit stage)" if cfg.stage3_epochs else ")"),
                           identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision,
-                          settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
+                          settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed),
+                          sync_every=cfg.sync_every)
         phases = [_stage(model, table, cfg, gen, s, ctx, objective, sharded and ctx.enabled) for s in (1, 2)]
         if cfg.stage3_epochs > 0:
             phases.append(_edit_stage(model, edits, cfg, ctx, objective))

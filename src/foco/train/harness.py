@@ -4,7 +4,8 @@ its save step); `train_run` does the rest, the same way for every trainer.
 The rest is: refuse a folder that holds a run unless it is continued, seed torch and numpy from the run's seed, run
 the phases through `foco.train.loop.run` on the run's device and ranks (`RunContext`), and save on the main rank
 only. The order is fixed: the seed is set before the trainer builds anything, so the weights a trainer initialises
-are the same whichever device or rank count the run has.
+are the same whichever device or rank count the run has; with several ranks, torch is then seeded seed + rank, so
+that ranks draw different dropout masks (each rank's RNG states are saved with the training state).
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ def train_run(ctx: RunContext, build: Callable[[RunContext], Plan], resume: bool
     torch.manual_seed(ctx.seed)
     rng = np.random.default_rng(ctx.seed)
     plan = build(ctx)
+    if ctx.world_size > 1:  # the weights are built alike on every rank; from here each rank draws its own masks
+        torch.manual_seed(ctx.seed + ctx.rank)
     loop = replace(plan.loop, env=ctx, device=ctx.device)
     history = run(plan.model, plan.phases, out, loop, rng, resume, plan.generator, plan.on_step)
     if ctx.is_main:

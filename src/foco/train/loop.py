@@ -185,7 +185,7 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
     if resume and has_training_state(out / "train_state"):
         _check_identity(out / "train_state", _identity(phases, totals_n, cfg))
         history, pending = _check_settings(out / "train_state", cfg, phases, _saved_phase(out / "train_state", phases))
-        first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name)
+        first, epoch0, opt = _restore(out / "train_state", model, phases, rng, generator, cfg.name, cfg.env)
         if cfg.env.is_main:
             cut_logs(out)
     elif cfg.env.is_main:
@@ -403,7 +403,8 @@ def _optimizer(phase: Phase) -> torch.optim.Optimizer:
 
 
 def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: np.random.Generator,
-             generator: torch.Generator | None, name: str) -> tuple[int, int, torch.optim.Optimizer]:
+             generator: torch.Generator | None, name: str, env: DistEnv = DistEnv()
+             ) -> tuple[int, int, torch.optim.Optimizer]:
     """Loads the state into `model`, the RNGs and a new optimiser of the saved phase: (phase, epochs done, opt)."""
     i = _saved_phase(state_dir, phases)
     opt = _optimizer(phases[i])
@@ -420,7 +421,40 @@ def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: 
         generator.set_state(saved)
     log.info("resuming %s training%s after epoch %d", name, "".join(f" at {w}" for w in _words(phases[i].tag)),
              restored["epoch"])
+    load_rank_rng(state_dir, env)
     return i, int(restored["epoch"]), opt
+
+
+def _rank_rng_path(state_dir: Path, env: DistEnv) -> Path:
+    return state_dir / f"rng-rank{env.rank}.safetensors"
+
+
+def save_rank_rng(state_dir: Path, env: DistEnv) -> None:
+    """Data-parallel: each rank saves its own torch RNG states (the CPU's and its GPU's, which its dropout masks
+    draw from: ranks are seeded seed + rank) beside the state rank 0 writes, so that `--resume` draws what an
+    uninterrupted run would."""
+    if not env.enabled:
+        return
+    from safetensors.torch import save
+    from ..utils.io import atomic_write_bytes
+    tensors = {"rng/torch": torch.get_rng_state()}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        tensors["rng/cuda"] = torch.cuda.get_rng_state()  # this rank's current GPU
+    atomic_write_bytes(_rank_rng_path(state_dir, env), save(tensors))
+
+
+def load_rank_rng(state_dir: Path, env: DistEnv) -> bool:
+    """Restores this rank's RNG states saved by `save_rank_rng`; False where there are none (a state of another
+    rank count, or one process), which keeps the states seeded at the start."""
+    path = _rank_rng_path(state_dir, env)
+    if not env.enabled or not path.is_file():
+        return False
+    from ..utils.io import load_tensors
+    tensors = load_tensors(path, f"the rank's RNG state is damaged: remove {path} to resume with fresh draws")
+    torch.set_rng_state(tensors["rng/torch"])
+    if "rng/cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state(tensors["rng/cuda"])
+    return True
 
 
 def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor], cfg: LoopConfig,
@@ -545,6 +579,7 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
     resume, and its steps were never written; one killed after the logs but before the state has its logs cut back
     to the state's sizes on resume (`cut_logs`), so every epoch is logged once. Data-parallel: rank 0 writes
     (atomically), the others wait for it."""
+    save_rank_rng(out / "train_state", cfg.env)
     if not cfg.env.is_main:
         barrier(cfg.env)
         return

@@ -16,8 +16,11 @@ PRECISIONS = ("auto", "fp32", "bf16")
 @lru_cache(maxsize=None)
 def native_bf16(device: str = "cpu") -> bool:
     """Whether `device` computes bfloat16 matrix products natively."""
-    if device.startswith("cuda"):
-        return torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+    if device.startswith("cuda"):  # native from Ampere (compute capability 8.0); V100 and T4 only emulate it
+        if not torch.cuda.is_available():
+            return False
+        index = torch.device(device).index
+        return torch.cuda.get_device_capability(torch.cuda.current_device() if index is None else index)[0] >= 8
     try:
         flags = next((line for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("flags")), "")
     except OSError:
