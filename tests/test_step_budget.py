@@ -107,3 +107,45 @@ def test_sharded_plans_pick_existing_pairs_and_agree_on_columns():
             seen += torch.bincount(own[full], minlength=K)
     assert torch.equal(cols[0], cols[1])
     assert (seen / seen.sum() - 1 / K).abs().max() < 0.05
+
+
+
+class _Rows:
+    """Stored fp16 rows, as a feature cache holds them (`foco.feature_store.Rows`' interface)."""
+
+    def __init__(self, t: PairTable, images: bool):
+        self.t, self.images = t, images
+
+    def rows(self, kind: str, idx):
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        if self.images:
+            return (self.t.image_global if kind == "global" else self.t.patches)[idx].half()
+        return self.t.text_global[idx].half()
+
+    def tokens(self, idx):
+        idx = torch.as_tensor(np.asarray(idx), dtype=torch.long)
+        return self.t.text_tokens[idx].half(), self.t.text_mask[idx]
+
+
+def test_batches_for_a_gpu_are_pinned_fp16_in_the_reader_thread_and_cast_on_the_device(monkeypatch):
+    """A streaming table read for CUDA keeps the stored fp16 patches and tokens and pins them in the reader thread
+    (the training thread neither casts nor pins); `TrainBatch.on` casts them to float32 on the device, equal to a
+    float32 read. Pinning is recorded (a CPU build of torch cannot pin)."""
+    import threading
+    from foco.train.data import StreamingPairTable
+    t = _table(64)
+    table = StreamingPairTable(_Rows(t, True), _Rows(t, False), t.local_idx, t.context_idx, D, [str(i) for i in
+                                                                                                 range(64)])
+    idx = torch.arange(16) * 3 % 64
+    plain = table.read(idx)
+    pinned_in = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: pinned_in.append(threading.current_thread()) or self)
+    table.for_device("cuda")
+    table.prefetch([idx])
+    wire = table.batch(idx)
+    assert wire.patches.dtype == torch.float16 and wire.ctx_tokens.dtype == torch.float16
+    assert len(pinned_in) == 6 and all(th is not threading.main_thread() for th in pinned_in)
+    on = wire.on("cpu")
+    for f in ("image_global", "patches", "local", "ctx_tokens"):
+        assert getattr(on, f).dtype == torch.float32 and torch.equal(getattr(on, f), getattr(plain, f)), f
+    assert torch.equal(on.ctx_mask, plain.ctx_mask) and torch.equal(on.local_mask, plain.local_mask)

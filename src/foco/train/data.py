@@ -29,6 +29,15 @@ class TrainBatch:
     ctx_tokens: torch.Tensor  # (B, K, L, D) token features of X_ik
     ctx_mask: torch.Tensor  # (B, K, L) bool
 
+    def on(self, device: torch.device | str) -> "TrainBatch":
+        """The batch on `device` for the step: copied without blocking (from pinned memory on CUDA) and cast to
+        float32 there, so that features stored in fp16 cross the bus in fp16 (`StreamingPairTable.for_device`)."""
+        from ..utils.device import move
+        moved = move(self, device)
+        return replace(moved, **{f: getattr(moved, f).float() for f in ("image_global", "patches", "local",
+                                                                         "ctx_tokens")
+                                 if getattr(moved, f).dtype != torch.float32})
+
 
 class TrainingPairs(Protocol):
     """What FoCo's trainer reads from a table of training pairs, whichever source made it (`foco.train.sources`):
@@ -171,6 +180,13 @@ class StreamingPairTable:
             self._token_length = max(1, int(self.texts.lengths(used).max(initial=0))) if len(used) else 1
         return self._token_length
 
+    def for_device(self, device: torch.device | str) -> "StreamingPairTable":
+        """Batches for a step on `device`: on CUDA, `read` keeps the stored fp16 patches and tokens (half the bytes
+        to copy) and pins them in the reader thread, so that the training thread neither casts nor pins;
+        `TrainBatch.on` copies them without blocking and casts on the GPU. On the CPU, float32 as before."""
+        self._wire = torch.device(device).type == "cuda"
+        return self
+
     def prefetch(self, batches: list[torch.Tensor], depth: int = 2) -> None:
         """Reads this epoch's `batches` (each (B,)) in a background thread, `depth` ahead of the steps that ask for
         them, so that reading overlaps the step's compute (`batch` returns what it would have read itself)."""
@@ -192,25 +208,32 @@ class StreamingPairTable:
         return self.read(idx)
 
     def read(self, idx: torch.Tensor) -> TrainBatch:
-        """Reads a batch of images `idx` (B,) into float32 CPU tensors (pinned by `to_device` for a GPU)."""
+        """Reads a batch of images `idx` (B,) into float32 CPU tensors; for a GPU (`for_device`), pinned, with the
+        patches and tokens in their stored dtype."""
+        wire = getattr(self, "_wire", False)
         rows = self.image_rows(idx).cpu().numpy()
         li, ci = self.local_idx[idx], self.context_idx[idx]  # (B, K)
         mask = li >= 0  # (B, K)
         li, ci = li.clamp_min(0), ci.clamp_min(0)
         B, K = li.shape
         g = F.normalize(self.images.rows("global", rows).float(), dim=-1)  # (B, D)
-        patches = self.images.rows("patches", rows).float()  # (B, P, D)
+        patches = self.images.rows("patches", rows)  # (B, P, D)
+        patches = patches if wire else patches.float()
         local = F.normalize(self.texts.rows("global", li.reshape(-1).numpy()).float(), dim=-1).view(B, K, -1)
         present = mask.reshape(-1).nonzero().flatten()  # the pairs that exist: only their tokens are read
         tokens, tmask = self.texts.tokens(ci.reshape(-1)[present].numpy())  # (n, L, D), (n, L)
         L = max(1, tokens.shape[1])
-        ctx = torch.zeros(B * K, L, self.dim, device="cpu")  # assembled on the CPU; `move` pins and copies it
+        ctx = torch.zeros(B * K, L, self.dim, dtype=tokens.dtype if wire else torch.float32, device="cpu")
         ctx_mask = torch.zeros(B * K, L, dtype=torch.bool, device="cpu")
         if len(present) and tokens.shape[1]:
             ctx[present] = tokens.to(ctx.dtype)
             ctx_mask[present] = tmask
-        return TrainBatch(image_global=g, patches=patches, local=local, local_mask=mask,
-                          ctx_tokens=ctx.view(B, K, L, -1), ctx_mask=ctx_mask.view(B, K, L))
+        batch = TrainBatch(image_global=g, patches=patches, local=local, local_mask=mask,
+                           ctx_tokens=ctx.view(B, K, L, -1), ctx_mask=ctx_mask.view(B, K, L))
+        if wire:  # here, in the reader thread when read ahead
+            batch = TrainBatch(*(t.pin_memory() for t in (batch.image_global, batch.patches, batch.local,
+                                                         batch.local_mask, batch.ctx_tokens, batch.ctx_mask)))
+        return batch
 
     def materialise(self) -> PairTable:
         """Every row in memory (`PairTable`): for small tables only (tests, experiments)."""

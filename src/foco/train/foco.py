@@ -105,7 +105,7 @@ def distributed_step(objective: torch.nn.Module, table: TrainingPairs, idx: torc
     local = idx if sharded else rank_slice(idx, env)  # (b,)
     b = local.shape[0]
     off = env.rank * b
-    batch = move(table.batch(local), env.device)
+    batch = table.batch(local).on(env.device)
     plan = plan_on(_plan(table, idx, local, batch.local_mask, max_negatives, gen, env, sharded), env.torch_device)
     own = local_columns(batch, plan.neg_k[off:off + b], with_comp)
     parts = [own.anchor, own.image_global]  # (b, D), (b, D)
@@ -164,7 +164,7 @@ def _stage(model: ComposedQueryEncoder, table: TrainingPairs, cfg: FoCoTrainConf
                                     cfg.negatives, length[0])
         cpu = table.batch(idx)  # on the CPU (cached features), or already on the device (online encoding)
         plan = plan_on(plan_negatives(cpu.local_mask.cpu(), cfg.max_negatives, gen), env.torch_device)
-        batch = move(cpu, env.device)
+        batch = cpu.on(env.device)
         if objective is not None:  # compiled
             return objective(batch, plan, with_comp, loss=cfg.loss, negatives=cfg.negatives)
         return foco_losses(model, batch, plan, with_comp, loss=cfg.loss, negatives=cfg.negatives)
@@ -233,6 +233,8 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
     _check_ablations(cfg)
     cfg = replace(cfg, model=replace(cfg.model, dim=table.dim))
     table = _with_pairs(table, cfg)
+    if hasattr(table, "for_device"):  # read ahead for the run's device: pinned fp16 for a GPU
+        table = table.for_device(ctx.device)
 
     def build(ctx: RunContext) -> Plan:
         gen = torch.Generator().manual_seed(cfg.seed)  # the negatives: drawn on the CPU, the same on every device
