@@ -117,17 +117,34 @@ def test_a_flat_and_an_hnsw_index_update_and_load_mapped(tmp_path):
 def test_auto_chooses_by_the_written_rules():
     assert V.choose_index(5_000, 768, V.parse_bytes("4GB"))[0] == "Flat"
     assert V.choose_index(1_000_000, 768, V.parse_bytes("4GB"))[0] == "Flat"  # 3.1 GB fits
-    assert V.choose_index(2_000_000, 768, V.parse_bytes("8GB"))[0] == "IVF4096,Flat"
-    assert V.choose_index(100_000_000, 768, V.parse_bytes("8GB"))[0] == "IVF32768,PQ64"
-    assert V.choose_index(100_000_000, 768, V.parse_bytes("3GB"))[0] == "IVF32768,PQ24"  # 3.2e9 B <= 3 GiB
+    # above 1M: an HNSW coarse quantizer (issue 43), its lists at most n / 39, a power of two
+    assert V.choose_index(2_000_000, 768, V.parse_bytes("8GB"))[0] == "IVF32768_HNSW32,Flat"
+    assert V.choose_index(100_000_000, 768, V.parse_bytes("8GB"))[0] == "IVF262144_HNSW32,PQ64"
+    assert V.choose_index(100_000_000, 768, V.parse_bytes("3GB"))[0] == "IVF262144_HNSW32,PQ24"  # 3.2e9 B <= 3 GiB
     with pytest.raises(ValueError, match="raise it"):
         V.choose_index(100_000_000, 768, V.parse_bytes("1GB"))
     assert V.nlist_for(1_000_000) == 4096 and V.nlist_for(1000) == 25
     assert V.default_train_size("IVF4096,Flat", 10**8, 768) == 64 * 4096
     assert V.default_train_size("IVF64,PQ16", 10**8, 768) == 39 * 256
-    assert V.default_train_size("IVF65536,PQ64", 10**9, 768) == V.MAX_TRAIN_BYTES // (4 * 768)
+    assert V.default_train_size("IVF16384,PQ64", 10**9, 768) == V.MAX_TRAIN_BYTES // (4 * 768)  # 42 a list
+    # the cap never leaves fewer than FAISS's 39 vectors a centroid (1M lists could not be trained under it)
+    assert V.default_train_size("IVF65536_HNSW32,PQ64", 10**9, 768) == 39 * 65536
+    assert V.default_train_size("IVF1048576_HNSW32,PQ32", 10**9, 768) == 39 * 2 ** 20
     with pytest.raises(ValueError, match="--max-index-memory"):
         V.parse_bytes("lots")
+
+
+def test_auto_takes_an_hnsw_quantizer_at_the_faiss_guideline_sizes():
+    """FAISS's "Guidelines to choose an index": IVF65536_HNSW32 for 1M-10M vectors, IVF262144_HNSW32 for 10M-100M,
+    IVF1048576_HNSW32 for 100M-1B; below 1M, IVF with a flat quantizer of about 4 sqrt(N) lists."""
+    big = V.parse_bytes("1024TB")  # room for IVF-Flat: the quantizer alone is compared
+    for n, want in ((5_000_000, "IVF65536_HNSW32,Flat"), (50_000_000, "IVF262144_HNSW32,Flat"),
+                    (500_000_000, "IVF1048576_HNSW32,Flat"), (999_000_000, "IVF1048576_HNSW32,Flat")):
+        assert V.choose_index(n, 768, big)[0] == want, n
+    assert V.choose_index(5_000_000, 768, V.parse_bytes("4GB"))[0] == "IVF65536_HNSW32,PQ64"
+    assert V.choose_index(500_000_000, 768, V.parse_bytes("16GB"))[0] == "IVF1048576_HNSW32,PQ24"
+    assert V.choose_index(200_000, 768, V.parse_bytes("100MB"))[0] == "IVF2048,PQ64"  # flat quantizer below 1M
+    assert V.coarse_quantizer(1_000_000) == "IVF4096" and V.coarse_quantizer(1_000_001) == "IVF16384_HNSW32"
 
 
 def test_growth_is_reported_by_the_stated_rules():

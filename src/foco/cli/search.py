@@ -11,11 +11,37 @@ from .common import add_owned_output, add_device_arg, add_unverified_arg, flag_d
 
 
 def _index_build(a: argparse.Namespace) -> int:
+    if a.inp or a.features:
+        return _shard_build(a)
+    if not a.images:
+        raise ValueError("give the images: --images FOLDER, or webdataset shards with --in 'shards/{00000..00099}.tar'")
     from ..search.build import IndexConfig, build_index
     cfg = IndexConfig(images=a.images, backbone=a.backbone, index_type=a.index_type, with_patches=a.with_patches,
                       precision=a.precision, batch_size=a.batch_size, train_size=a.train_size,
                       max_index_memory=a.max_index_memory, ondisk=a.ondisk, refine=a.refine)
     _report(build_index(cfg, a.out, device=device(a)), a.out)
+    return 0
+
+
+def _shard_build(a: argparse.Namespace) -> int:
+    """Webdataset shards: under torchrun each rank encodes its shards, then rank 0 fills the index."""
+    from ..search.shards import ShardIndexConfig, build_from_shards
+    from ..train.distributed import env_from_torchrun, init_distributed, shutdown
+    if a.images:
+        raise ValueError("--images and --in/--features name two collections; give one")
+    if a.with_patches:
+        raise ValueError("--with-patches: an index of shards stores global vectors only (a reference's patches are "
+                         "read back from its tar at query time); leave it out")
+    cfg = ShardIndexConfig(shards=a.inp, backbone=a.backbone, features=a.features, index_type=a.index_type,
+                           precision=a.precision, batch_size=a.batch_size, train_size=a.train_size,
+                           max_index_memory=a.max_index_memory, ondisk=a.ondisk, refine=a.refine, workers=a.workers)
+    env = init_distributed(env_from_torchrun(a.device), timeout_s=a.dist_timeout)
+    done, stats = build_from_shards(cfg, a.out, env.device, env.rank, env.world_size, wait=lambda: shutdown(env))
+    print(f"rank {env.rank}: {done['mine']} of {done['shards']} shards, {done['encoded']} encoded now, "
+          f"{done['read']} sample lists read now", flush=True)
+    if stats is not None:
+        print(f"{a.out}: {stats.indexed} images indexed; {stats.encoded} added now from the shards' features "
+              f"({stats.images_per_s}/s), {stats.unchanged} already indexed, {stats.seconds:.1f} s")
     return 0
 
 
@@ -77,8 +103,11 @@ def _search(a: argparse.Namespace) -> int:
     answer = engine.search(Query(text=a.text, reference=_parse_reference(a.reference), method=a.method, k=a.k,
                                  box=box, chord=a.chord, keep_reference=a.keep_reference))
     if a.json:
+        samples = engine.store.samples([h.id for h in answer.hits])  # a shard-built index: url and caption
         for h in answer.hits:
-            print(json.dumps({"id": h.id, "path": h.path, "score": round(h.score, 6)}))
+            url, caption = samples.get(h.id, (0, None, None))[1:]
+            print(json.dumps({"id": h.id, "path": h.path, "score": round(h.score, 6),
+                              **({"url": url, "caption": caption} if h.id in samples else {})}))
         return 0
     print("| rank | id | score | path |\n|---|---|---|---|")
     for r, h in enumerate(answer.hits, 1):
@@ -108,7 +137,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     ix = sub.add_parser("index", help="index a folder of images for search").add_subparsers(dest="action",
                                                                                            required=True)
     b = ix.add_parser("build", help="index a folder (recursive; resumable and incremental)")
-    b.add_argument("--images", required=True, help="folder of images (jpg, jpeg, png, webp, bmp), walked recursively")
+    b.add_argument("--images", help="folder of images (jpg, jpeg, png, webp, bmp), walked recursively")
+    b.add_argument("--in", dest="inp", default=None, help="webdataset shards instead, e.g. "
+                   "'shards/{00000..00099}.tar'; under torchrun rank r encodes shards r, r + N, ... (docs/search.md)")
+    b.add_argument("--features", default=None, help="with --in (or alone): the shards' features `foco features "
+                   "extract --in` wrote, used instead of encoding")
+    b.add_argument("--workers", type=positive_int, default=2, help="--in: DataLoader workers decoding a shard")
+    b.add_argument("--dist-timeout", type=positive_int, default=3600,
+                   help="--in under torchrun: seconds a rank waits for the others to finish their shards")
     b.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
     b.add_argument("--out", required=True, help="index folder (created; rerun to resume or to update)")
     add_owned_output(b, kind="search index")

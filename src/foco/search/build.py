@@ -237,7 +237,7 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
                 encoded += len(rows)
                 bar.update(len(batch))
             bar.close()
-        vec = _vector_index(store, out, cfg, previous)
+        vec = _vector_index(store, out, cfg, previous, gpu=device.startswith("cuda"))
         indexed = store.count()
         dim = store.dim()
     atomic_write_text(out / "skipped.tsv", "path\treason\n" + "".join(f"{r}\t{why}\n" for r, why in skipped))
@@ -306,9 +306,10 @@ def check_files(out: Path, meta: dict) -> None:
                              f"restore {out} from a copy")
 
 
-def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | None) -> dict:
-    """Trains and fills the vector index, or brings it up to date without retraining."""
-    vcfg = VectorConfig(cfg.index_type, cfg.max_index_memory, cfg.train_size, cfg.ondisk, cfg.refine)
+def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | None, gpu: bool = False) -> dict:
+    """Trains and fills the vector index, or brings it up to date without retraining; `gpu`: on the GPUs FAISS
+    sees, if any (`vectors.use_gpu`)."""
+    vcfg = VectorConfig(cfg.index_type, cfg.max_index_memory, cfg.train_size, cfg.ondisk, cfg.refine, gpu=gpu)
     fresh = (have is None or cfg.retrain or not (out / "vectors.faiss").is_file()
              or not (out / "trained.faiss").is_file()
              or (cfg.index_type not in ("auto", have["factory"])) or bool(cfg.ondisk) != bool(have.get("ondisk")))
@@ -316,7 +317,7 @@ def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | N
         return {"factory": None, "count": 0, "max_id": 0}
     if fresh or have.get("factory") is None:
         return build_faiss(store, out, vcfg)
-    rec = update_faiss(store, out, have)
+    rec = update_faiss(store, out, have, gpu=gpu)
     if cfg.refine is not None:  # a search-time setting: recorded, nothing to rebuild
         rec.update(refine=resolve_refine(rec["factory"], cfg.refine), refine_asked=cfg.refine)
     return rec
@@ -346,6 +347,9 @@ def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: b
     if not (out / "index.json").is_file():
         raise FileNotFoundError(f"{out} is not an index (no index.json); make one with `foco index build`")
     meta = read_meta(out)
+    if meta.get("source") == "shards":
+        raise ValueError(f"{out} was built from webdataset shards ({meta['images']}); bring it up to date by "
+                         f"rerunning `foco index build --in '{meta['images']}' --out {out}` with its settings")
     vec = meta.get("vectors") or {}
     cfg = IndexConfig(images=meta["images"], backbone=meta["backbone"], index_type=meta["index_type"],
                       with_patches=meta["with_patches"], precision=meta["precision"],

@@ -260,6 +260,8 @@ class SearchEngine:
         """The indexed file of `image_id`, only ever inside the indexed folder, and only as it was indexed: an id
         names the file's indexed content, so a changed file is served under the id `foco index update` gives it."""
         row = self.row(image_id)
+        if self.meta.get("source") == "shards":
+            raise NotFound(f"image {image_id} lies inside a tar shard of {self.root}, not in a file of its own")
         path = (self.root / row.path).resolve()
         if not path.is_relative_to(self.root.resolve()) or not path.is_file():
             raise NotFound(f"image {image_id} is no longer on disk; run `foco index update`")
@@ -385,7 +387,7 @@ class SearchEngine:
                         patches[i] = torch.from_numpy(stored)
                     else:
                         try:
-                            encode.append((i, open_image(self.file(row.id))))
+                            encode.append((i, self._row_image(row)))
                         except ValueError as exc:  # the file changed into something unreadable since it was indexed
                             raise NotFound(f"image {row.id} cannot be read any more ({exc}); run `foco index "
                                            "update`") from None
@@ -551,9 +553,25 @@ class SearchEngine:
                         "run `foco index update %s`", stale, self.folder)
         return hits
 
+    def _row_image(self, row) -> Image.Image:
+        """The indexed image of `row`, decoded: its file, or its bytes inside a tar shard (`shards.open_sample`)."""
+        if self.meta.get("source") != "shards":
+            return open_image(self.file(row.id))
+        from .shards import open_sample
+        sample = self.store.samples([row.id]).get(row.id)
+        if sample is None:
+            raise NotFound(f"image {row.id} records no place in its shard; rebuild the index into a new --out")
+        try:
+            return open_sample(self.meta["images"], row, sample[0])
+        except FileNotFoundError as exc:
+            raise NotFound(f"image {row.id}: {exc}") from None
+
     def _current(self, row) -> bool:
         """Whether the file of `row` is still what was indexed (size and mtime): a file changed or deleted since is
-        never served with its old vector (`foco index update` re-encodes or removes it)."""
+        never served with its old vector (`foco index update` re-encodes or removes it). A sample of a shard-built
+        index is its tar's bytes, read back only when asked for (`_row_image` checks their sha256)."""
+        if self.meta.get("source") == "shards":
+            return True
         try:
             st = os.stat(Path(self.meta["images"]) / row.path)
         except OSError:

@@ -1,6 +1,9 @@
 """The metadata of an image index: one SQLite row per indexed file (id, relative path, size, mtime, sha256, pixel
 size, and the slot of its features in the on-disk arrays of `arrays.py`).
 
+An index built from webdataset shards (`shards.py`) names each row `<shard name>#<key>` and keeps, in the
+`samples` table, where the image's bytes lie in the tar and the sample's url and caption (img2dataset's metadata).
+
 Ids are never reused (AUTOINCREMENT), so an id a client holds names the same file, or nothing, after any update.
 Every batch of new rows is one transaction, written after its features are on disk, so a killed build keeps what
 it finished and a rerun continues. The row count is kept in the same transactions (`state.count`), so a reader
@@ -34,6 +37,12 @@ CREATE TABLE IF NOT EXISTS images (
 );
 CREATE TABLE IF NOT EXISTS state (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS removed (id INTEGER PRIMARY KEY);  -- ids to take out of the FAISS index at its next write
+CREATE TABLE IF NOT EXISTS samples (  -- a shard-built index (`shards.py`): where each image lies in its tar shard
+    id INTEGER PRIMARY KEY,
+    offset INTEGER NOT NULL,  -- of the image member's bytes in the tar (its size is the row's size)
+    url TEXT,
+    caption TEXT
+);
 """
 _ROW = "id, path, size, mtime_ns, sha256, width, height, slot, digest"
 
@@ -212,6 +221,58 @@ class ImageStore:
             self.db.execute("INSERT OR REPLACE INTO state VALUES ('next_slot', ?)", (first + len(rows),))
             self._add_count(len(rows) - replaced)
         return ids
+
+    def append(self, rows: list[ImageRow], vectors: np.ndarray,
+               samples: list[tuple[int, str | None, str | None]] | None = None) -> list[int]:
+        """Appends new rows (paths not in the store) with their vectors (n, D) float32 in one transaction of batched
+        inserts (`executemany`), with the next ids in order; `samples`: each row's (tar offset, url, caption), for
+        a shard-built index. A path already present is refused (ValueError naming it): `add` replaces rows."""
+        if not rows:
+            return []
+        if self.vectors is None:
+            self.set_shapes(vectors.shape[1], None)
+        if self.patches is not None:
+            raise ValueError(f"{self.path}: this index stores patch features; update it with its own settings")
+        first = self.next_slot()
+        self.vectors.write(first, vectors)
+        with writing(self.db, self.path):
+            r = self.db.execute("SELECT seq FROM sqlite_sequence WHERE name = 'images'").fetchone()
+            first_id = int(r[0] if r else 0) + 1
+            values = [(first_id + k, row.path, row.size, row.mtime_ns, row.sha256, row.width, row.height, first + k)
+                      for k, row in enumerate(rows)]
+            try:
+                self.db.executemany("INSERT INTO images (id, path, size, mtime_ns, sha256, width, height, slot, "
+                                    "digest) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                    [(*v, row_digest(*v)) for v in values])
+            except sqlite3.IntegrityError as exc:
+                raise ValueError(f"{self.path}: a row of this batch is indexed already ({exc}); build into a new "
+                                 "--out") from None
+            if samples is not None:
+                self.db.executemany("INSERT INTO samples VALUES (?, ?, ?, ?)",
+                                    [(first_id + k, *s) for k, s in enumerate(samples)])
+            self.db.execute("INSERT OR REPLACE INTO state VALUES ('next_slot', ?)", (first + len(rows),))
+            self._add_count(len(rows))
+        return list(range(first_id, first_id + len(rows)))
+
+    def paths_from(self, low: str, high: str) -> list[str]:
+        """The indexed paths p with low <= p < high, in order (a shard's rows: its name + '#' .. + '$')."""
+        with reading(self.path):
+            cur = self.db.execute("SELECT path FROM images WHERE path >= ? AND path < ? ORDER BY path", (low, high))
+            return [r[0] for r in cur]
+
+    def samples(self, ids) -> dict[int, tuple[int, str | None, str | None]]:
+        """(tar offset, url, caption) of the shard samples `ids` that have them (an index built from shards)."""
+        ids = [int(i) for i in ids]
+        out: dict[int, tuple[int, str | None, str | None]] = {}
+        with reading(self.path):
+            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'samples'").fetchone():
+                return out  # a read-only index from before the table
+            for s in range(0, len(ids), 900):
+                part = ids[s:s + 900]
+                cur = self.db.execute(f"SELECT id, offset, url, caption FROM samples WHERE id IN "
+                                      f"({','.join('?' * len(part))})", part)
+                out.update({int(r[0]): (int(r[1]), r[2], r[3]) for r in cur})
+        return out
 
     def touch(self, path: str, size: int, mtime_ns: int) -> None:
         """Records a new mtime for a file whose content (sha256) did not change."""

@@ -15,6 +15,12 @@ Building (`build_faiss`):
   refers to. The RAM of the build and of the server is then the coarse quantizer and a chunk.
 - Every index is written to a temporary name and renamed into place, so a reader sees the old or the new one.
 
+GPUs (`VectorConfig.gpu`, the build's device being CUDA, and `faiss-gpu` seeing one: `use_gpu`): an IVF index's
+k-means assigns through an exact index on every GPU (`faiss.index_cpu_to_all_gpus`, its `clustering_index`), and
+each chunk's vectors are assigned to their lists on the GPUs and added to the CPU index with those lists
+(`add_preassigned`). The index itself never leaves the CPU, so what is written is a CPU index. On the CPU an HNSW
+coarse quantizer is trained through an exact CPU index too (its graph is built once, from the centroids).
+
 Updating (`update_faiss`): ids removed since the last write (the store's `removed` table) are taken out and rows
 added since (ids above the index's last one) are put in, with the trained quantizer as it is; retraining happens
 only on request. HNSW cannot remove vectors (FAISS), so its graph is rebuilt from the arrays (it has nothing to
@@ -26,10 +32,12 @@ the flat index against.
 
 Index choice within a budget (`choose_index`, from FAISS's "Guidelines to choose an index" and the rules autofaiss
 applies; autofaiss itself pins numpy < 2 and does not install beside foco's dependencies):
-1. nlist = the power of two nearest 4 sqrt(N) (the guideline's 4-16 sqrt(N)), at most N / 39;
+1. nlist = the power of two nearest 4 sqrt(N) (the guideline's 4-16 sqrt(N)) up to 1M vectors, with a flat
+   coarse quantizer (IVF{nlist}); above 1M the guideline's HNSW coarse quantizer, IVF65536_HNSW32 to 10M,
+   IVF262144_HNSW32 to 100M, IVF1048576_HNSW32 beyond (`coarse_quantizer`); at most N / 39 lists;
 2. fewer than 10,000 vectors, or an exact index that fits the budget with N <= 1M: Flat;
-3. else IVF{nlist},Flat when N x (4 D + 8) bytes fit;
-4. else IVF{nlist},PQ{m} with the largest m in 64, 48, 32, 24, 16, 8 that divides D and whose N x (m + 8) bytes
+3. else {quantizer},Flat when N x (4 D + 8) bytes fit;
+4. else {quantizer},PQ{m} with the largest m in 64, 48, 32, 24, 16, 8 that divides D and whose N x (m + 8) bytes
    fit; a PQ index is searched with an exact re-rank of a shortlist of refine x k from the arrays (FAISS's refine
    step, done from disk: `--refine`, REFINE_PQ by default).
 """
@@ -77,27 +85,44 @@ def parse_bytes(value: str) -> int:
     return int(size)
 
 
+# FAISS's "Guidelines to choose an index" (github.com/facebookresearch/faiss/wiki/Guidelines-to-choose-an-index):
+# above 1M vectors an IVF index takes an HNSW coarse quantizer with these list counts, by collection size
+HNSW_BANDS = ((100_000_000, 1 << 20), (10_000_000, 1 << 18), (1_000_000, 1 << 16))  # (more than n, nlist)
+MIN_PER_LIST = 39  # FAISS's k-means warns below 39 training vectors per centroid
+
+
 def nlist_for(n: int) -> int:
-    """Inverted lists for n vectors: the power of two nearest 4 sqrt(n), at most n / 39 (FAISS's minimum of 39
-    training vectors per centroid), at least 1."""
-    if n < 39:
+    """Inverted lists for n vectors: the power of two nearest 4 sqrt(n) up to 1M vectors, and above that FAISS's
+    guideline for an HNSW coarse quantizer (65,536 lists to 10M, 262,144 to 100M, 1,048,576 beyond); at most
+    n / 39 (FAISS's minimum of 39 training vectors per centroid; above 1M, the power of two below it), at least 1."""
+    if n < MIN_PER_LIST:
         return 1
-    target = 4 * math.sqrt(n)
-    return max(1, min(2 ** round(math.log2(target)), n // 39))
+    band = next((k for lo, k in HNSW_BANDS if n > lo), None)
+    target = band or 2 ** round(math.log2(4 * math.sqrt(n)))
+    cap = n // MIN_PER_LIST
+    return max(1, target if target <= cap else (2 ** int(math.log2(cap)) if band else cap))
+
+
+def coarse_quantizer(n: int) -> str:
+    """The factory's IVF part for n vectors: IVF{nlist} (a flat quantizer) up to 1M vectors, IVF{nlist}_HNSW32
+    above (FAISS's guideline: assigning a vector to one of 65k-1M centroids exactly costs nlist x D flops an add
+    and a search, the HNSW graph a few hundred distances)."""
+    nlist = nlist_for(n)
+    return f"IVF{nlist}_HNSW32" if n > HNSW_BANDS[-1][0] else f"IVF{nlist}"
 
 
 def choose_index(n: int, dim: int, max_bytes: int) -> tuple[str, str]:
     """The factory string `auto` picks for n vectors of `dim` within `max_bytes`, and why (module docstring)."""
-    nlist = nlist_for(n)
+    ivf = coarse_quantizer(n)
     flat = n * (4 * dim + 8)
     if n < 10_000 or (flat <= max_bytes and n <= 1_000_000):
         return "Flat", f"{n} vectors: exact search ({flat / 1e9:.2f} GB)"
     if flat <= max_bytes:
-        return f"IVF{nlist},Flat", f"IVF-Flat fits: {flat / 1e9:.2f} GB <= {max_bytes / 1e9:.2f} GB"
+        return f"{ivf},Flat", f"IVF-Flat fits: {flat / 1e9:.2f} GB <= {max_bytes / 1e9:.2f} GB"
     for m in PQ_MS:
         if dim % m == 0 and n * (m + 8) <= max_bytes:
-            return f"IVF{nlist},PQ{m}", (f"IVF-Flat needs {flat / 1e9:.2f} GB > {max_bytes / 1e9:.2f} GB; PQ{m} "
-                                         f"codes take {n * (m + 8) / 1e9:.2f} GB")
+            return f"{ivf},PQ{m}", (f"IVF-Flat needs {flat / 1e9:.2f} GB > {max_bytes / 1e9:.2f} GB; PQ{m} "
+                                    f"codes take {n * (m + 8) / 1e9:.2f} GB")
     raise ValueError(f"no index of {n} {dim}-d vectors fits --max-index-memory {max_bytes / 1e9:.2f} GB (PQ8 needs "
                      f"{n * 16 / 1e9:.2f} GB); raise it")
 
@@ -108,12 +133,15 @@ def _is_pq(factory: str) -> bool:
 
 def default_train_size(factory: str, n: int, dim: int) -> int:
     """Vectors to train `factory` on: 64 per IVF centroid (FAISS asks for 39-256), at least 9,984 for PQ's
-    256-centroid codebooks, at most n, and at most MAX_TRAIN_BYTES of float32."""
+    256-centroid codebooks, at most n, and at most MAX_TRAIN_BYTES of float32 unless that leaves fewer than 39 per
+    centroid (the 1,048,576 lists above 100M vectors need 40.9M; under the cap's 699,050 at D = 768, FAISS's
+    k-means could not train them at all: it needs at least one vector per centroid)."""
     m = re.search(r"IVF(\d+)", factory)
-    want = 64 * int(m.group(1)) if m else 0
+    nlist = int(m.group(1)) if m else 0
+    want = 64 * nlist
     if _is_pq(factory):
         want = max(want, 39 * 256)
-    cap = MAX_TRAIN_BYTES // (4 * dim)
+    cap = max(MAX_TRAIN_BYTES // (4 * dim), MIN_PER_LIST * nlist)
     return int(min(n, max(want, 1), cap))
 
 
@@ -125,6 +153,7 @@ class VectorConfig:
     ondisk: bool = False  # IVF: inverted lists in a file beside the index, memory-mapped
     refine: int | None = None  # PQ: re-rank refine x k FAISS results by the exact stored vectors (None: REFINE_PQ)
     seed: int = 0
+    gpu: bool = False  # k-means and the adds' assignments on every GPU FAISS sees (`use_gpu`), where it sees one
 
 
 def _new_index(factory: str, dim: int):
@@ -158,28 +187,91 @@ def _sample(store, n: int, size: int, seed: int) -> np.ndarray:
     return store.vectors.read(np.concatenate(slots) if slots else np.zeros(0, np.int64))
 
 
-def _train(base, factory: str, n: int, size: int | None, draw) -> int:
+def use_gpu(asked: bool) -> bool:
+    """Whether FAISS runs k-means and the adds' assignments on GPUs: asked (the build's device is CUDA) and FAISS
+    sees a GPU (`faiss-gpu`: `pip install 'foco[search-gpu]'`; faiss-cpu sees none)."""
+    if not asked:
+        return False
+    faiss = _faiss()
+    return bool(getattr(faiss, "get_num_gpus", lambda: 0)() > 0)
+
+
+def _flat_like(ivf):
+    """An empty exact index of the IVF index's metric (what its k-means and its assignments compare with)."""
+    faiss = _faiss()
+    return faiss.IndexFlatIP(ivf.d) if ivf.metric_type == faiss.METRIC_INNER_PRODUCT else faiss.IndexFlatL2(ivf.d)
+
+
+def _train(base, factory: str, n: int, size: int | None, draw, gpu: bool = False) -> int:
     """Trains `base` (when its type needs it) on `draw(k)`, k vectors of the n drawn at random (k: `size`, else
-    `default_train_size`); returns k, 0 when nothing was trained."""
+    `default_train_size`); returns k, 0 when nothing was trained. An IVF index's k-means assigns the sample to the
+    centroids through an exact index (`clustering_index`): on every GPU with `gpu` (`faiss.index_cpu_to_all_gpus`),
+    else on the CPU; an HNSW coarse quantizer thus never rebuilds its graph within k-means, and gets the centroids
+    added once, at the end. The centroids come back into the CPU quantizer; nothing of the GPU stays in `base`."""
     if base.is_trained:
         return 0
     if n == 0:
         raise ValueError(f"--index-type {factory!r} must be trained, and the index holds no vectors yet")
     sample = draw(min(n, size or default_train_size(factory, n, base.d)))
+    ivf = _ivf(base)
+    clustering = None
+    if ivf is not None and (gpu or not isinstance(_faiss().downcast_index(ivf.quantizer), _faiss().IndexFlat)):
+        clustering = _flat_like(ivf)
+        if gpu:
+            clustering = _faiss().index_cpu_to_all_gpus(clustering)
+        ivf.clustering_index = clustering
     try:
         base.train(np.ascontiguousarray(sample, dtype=np.float32))
     except RuntimeError as exc:
         raise ValueError(f"--index-type {factory!r} cannot be trained on {len(sample)} vectors "
                          f"({str(exc).strip().splitlines()[-1]}); use fewer lists (e.g. IVF{nlist_for(n)},Flat), "
                          "--index-type auto, or Flat for a small collection") from None
+    finally:
+        if clustering is not None:
+            ivf.clustering_index = None  # the CPU index keeps no pointer to it (clone_index, write_index)
     return len(sample)
 
 
-def _add_all(index, store, since_id: int = 0, bar_label: str = "adding vectors") -> int:
+class _Assigner:
+    """The inverted list of each vector an IVF index adds, found on every GPU: an exact index of the centroids
+    (`index_cpu_to_all_gpus`), searched a chunk at a time; the vectors and their list numbers then go into the CPU
+    index (`add_preassigned`), which alone is written. None of it for other indexes (`for_index`)."""
+
+    def __init__(self, ivf):
+        faiss = _faiss()
+        self.ivf = ivf
+        flat = _flat_like(ivf)
+        flat.add(ivf.quantizer.reconstruct_n(0, ivf.nlist))
+        self.gpu_index = faiss.index_cpu_to_all_gpus(flat)
+
+    @classmethod
+    def for_index(cls, index, gpu: bool) -> "_Assigner | None":
+        faiss = _faiss()
+        inner = faiss.downcast_index(index)
+        return cls(inner) if gpu and isinstance(inner, faiss.IndexIVF) else None
+
+    def add(self, x: np.ndarray, ids: np.ndarray) -> None:
+        from faiss.contrib.ivf_tools import add_preassigned
+        _, lists = self.gpu_index.search(x, 1)
+        ids = np.ascontiguousarray(ids, dtype=np.int64)  # held here: add_preassigned keeps only a raw pointer to it
+        lists = np.ascontiguousarray(lists.ravel(), dtype=np.int64)
+        add_preassigned(self.ivf, x, lists, ids)
+
+
+def _add_chunk(index, x: np.ndarray, ids: np.ndarray, assigner: _Assigner | None) -> None:
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if assigner is not None:
+        assigner.add(x, ids)
+    else:
+        index.add_with_ids(x, ids)
+
+
+def _add_all(index, store, since_id: int = 0, bar_label: str = "adding vectors", gpu: bool = False) -> int:
     added = 0
+    assigner = _Assigner.for_index(index, gpu)
     bar = Bar(store.count(), bar_label)
     for ids, slots in store.live(ADD_CHUNK, since_id):
-        index.add_with_ids(np.ascontiguousarray(store.vectors.read(slots)), ids)
+        _add_chunk(index, store.vectors.read(slots), ids, assigner)
         added += len(ids)
         bar.update(len(ids))
     bar.close()
@@ -210,7 +302,7 @@ def _write(index, out: Path, name: str = "vectors.faiss") -> None:
                          "writable --out, then rerun the same command to resume") from None
 
 
-def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str | None:
+def _write_ondisk(trained, store, out: Path, since_id: int = 0, gpu: bool = False) -> str | None:
     """Adds every row to on-disk inverted lists, a chunk at a time (module docstring); returns the lists' file."""
     faiss = _faiss()
     from faiss.contrib.ondisk import merge_ondisk
@@ -221,7 +313,7 @@ def _write_ondisk(trained, store, out: Path, since_id: int = 0) -> str | None:
     bar = Bar(store.count(), "adding vectors (on-disk lists)")
     for k, (ids, slots) in enumerate(store.live(ADD_CHUNK, since_id)):
         block = faiss.clone_index(trained)
-        block.add_with_ids(np.ascontiguousarray(store.vectors.read(slots)), ids)
+        _add_chunk(block, store.vectors.read(slots), ids, _Assigner.for_index(block, gpu))
         names.append(str(blocks / f"block-{k:05d}.index"))
         faiss.write_index(block, names[-1])
         del block
@@ -257,21 +349,25 @@ def build_faiss(store, out: str | Path, cfg: VectorConfig) -> dict:
     if cfg.ondisk and _ivf(base) is None:
         raise ValueError(f"--ondisk needs an IVF index (inverted lists), not {factory!r}")
     t0 = time.time()
-    trained_on = _train(base, factory, n, cfg.train_size, lambda k: _sample(store, n, k, cfg.seed))
+    gpu = use_gpu(cfg.gpu)
+    trained_on = _train(base, factory, n, cfg.train_size, lambda k: _sample(store, n, k, cfg.seed), gpu)
     train_s = time.time() - t0
     index = _wrap(base)
     trained = faiss.clone_index(index)
     max_id = _max_id(store)
+    t0 = time.time()
     if cfg.ondisk:
-        lists = _write_ondisk(index, store, out)
+        lists = _write_ondisk(index, store, out, gpu=gpu)
     else:
-        _add_all(index, store)
+        _add_all(index, store, gpu=gpu)
         _write(index, out)
         lists = None
+    add_s = time.time() - t0
     _write(trained, out, "trained.faiss")  # after the index: an update never pairs a new quantizer with old lists
     store.clear_removed()
     return {"factory": factory, "why": why, "trained_on": trained_on, "trained_count": n, "train_s": round(train_s, 2),
-            "ondisk": bool(cfg.ondisk), "lists": lists, "max_id": max_id, "count": n,
+            "add_s": round(add_s, 2), "gpu": gpu, "ondisk": bool(cfg.ondisk), "lists": lists, "max_id": max_id,
+            "count": n,
             "nlist": int(_ivf(base).nlist) if _ivf(base) is not None else None,
             "refine": resolve_refine(factory, cfg.refine), "refine_asked": cfg.refine}
 
@@ -287,7 +383,7 @@ def _max_id(store) -> int:
     return int(r[0] or 0)
 
 
-def update_faiss(store, out: str | Path, vec: dict) -> dict:
+def update_faiss(store, out: str | Path, vec: dict, gpu: bool = False) -> dict:
     """Brings the index in `out` up to the store without retraining (module docstring); `vec` is what index.json
     records of the index (`build_faiss`'s answer). Returns the new record, with `growth` when the collection has
     outgrown the trained index."""
@@ -296,8 +392,9 @@ def update_faiss(store, out: str | Path, vec: dict) -> dict:
     removed = store.removed()
     trained = faiss.read_index(str(out / "trained.faiss"))
     since = int(vec["max_id"])
+    gpu = use_gpu(gpu)
     if vec.get("ondisk"):
-        lists = _write_ondisk(trained, store, out)  # every live row, through the trained quantizer
+        lists = _write_ondisk(trained, store, out, gpu=gpu)  # every live row, through the trained quantizer
     elif _ivf(trained) is None:  # HNSW (or Flat): no removal in FAISS's HNSW, and nothing to train
         index = faiss.clone_index(trained)
         _add_all(index, store)
@@ -309,7 +406,7 @@ def update_faiss(store, out: str | Path, vec: dict) -> dict:
         index.remove_ids(faiss.IDSelectorRange(since + 1, 2 ** 62))
         if removed:
             index.remove_ids(faiss.IDSelectorBatch(np.asarray(removed, dtype=np.int64)))
-        _add_all(index, store, since)
+        _add_all(index, store, since, gpu=gpu)
         _write(index, out)
         lists = None
     store.clear_removed()
