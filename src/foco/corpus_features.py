@@ -6,53 +6,26 @@ per input shard, resumable per shard.
     OUT/parts/<shard name>/done.json   written last: the shard is finished
     OUT/corpus.json            the pattern, the backbone, and the parts in shard order
 
-Images are decoded by DataLoader workers while the backbone encodes. Under torchrun, rank r takes the shards
+Images are read, decoded and preprocessed by DataLoader workers (`foco.corpora.loader`), which hand back uint8
+pixel batches (pinned on CUDA); the backbone encodes each batch as it arrives, so decoding overlaps encoding and
+memory holds a few batches, never a shard: a shard is indexed (where each image lies in its tar, and the
+captions), not read into memory. Under torchrun, rank r takes the shards
 r, r + N, r + 2N, ...; `foco train` under torchrun reads the same split (`corpus_parts` with a rank), one process
 reads every part, a batch at a time (`foco.train.data.build_pair_table`).
 """
 from __future__ import annotations
 
-import io
 import json
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
-
-import torch
-from PIL import Image
 
 from .backbones.base import Backbone
 from .decompose.schema import Decomposition
 from .features import ExtractConfig, extract_images, extract_texts
 from .records import read as read_record
 from .utils.io import atomic_write_text
-from .corpora.webdataset import iter_shard, shard_paths
-
-
-@dataclass
-class _Decoded:
-    """An image decoded ahead of encoding; `str()` is its identity in the cache (shard and key)."""
-
-    image: Image.Image
-    ident: str
-
-    def load(self) -> Image.Image:
-        return self.image
-
-    def __str__(self) -> str:
-        return self.ident
-
-
-class _Images(torch.utils.data.Dataset):
-    def __init__(self, samples):
-        self.samples = samples
-
-    def __len__(self) -> int:
-        return len(self.samples)
-
-    def __getitem__(self, i: int) -> Image.Image:
-        s = self.samples[i]
-        with Image.open(io.BytesIO(s.image)) as im:
-            return im.convert("RGB")
+from .corpora.loader import index_tar, pixel_batches
+from .corpora.webdataset import shard_paths
 
 
 def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: ExtractConfig = ExtractConfig(),
@@ -83,18 +56,19 @@ def extract_corpus(backbone: Backbone, pattern: str, out: str | Path, cfg: Extra
         if (part / "done.json").is_file():
             skipped += 1
             continue
-        samples = list(iter_shard(shard))
+        samples = index_tar(shard)  # keys, where each image lies, captions: no image bytes
         missing = [s.key for s in samples if s.image is None]
         if missing:
             raise ValueError(f"{shard}: samples without an image, e.g. {missing[0]}")
-        loader = torch.utils.data.DataLoader(_Images(samples), batch_size=cfg.batch_size, num_workers=workers,
-                                             collate_fn=list)
-        decoded = [im for batch in loader for im in batch]
-        extract_images(backbone, [(s.key, _Decoded(im, f"{shard.name}#{s.key}"))
-                                  for s, im in zip(samples, decoded)], part, cfg)
+        device = getattr(backbone, "device", "cpu")
+
+        def batches_of(sources, transform, batches):  # workers read, decode and preprocess; a few batches ahead
+            return pixel_batches(sources, transform, batches, workers=workers, device=device)
+        extract_images(backbone, [(s.key, s.image) for s in samples], part, cfg, pixel_batches=batches_of)
         texts: dict[str, None] = {}
         contexts: set[str] = set()  # the texts whose tokens training reads (F_Comp's contexts)
-        decs = decompositions(sorted({s.caption for s in samples})) if callable(decompositions) else decompositions
+        captions = sorted({s.caption for s in samples if s.caption is not None})
+        decs = decompositions(captions) if callable(decompositions) else decompositions
         for s in samples:
             if include_captions:
                 texts[s.caption] = None

@@ -36,11 +36,11 @@ import os
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Sequence
 
 import torch
 
-from .backbones.base import Backbone, ImageFeatures, TextFeatures
+from .backbones.base import Backbone, ImageFeatures, TextFeatures, has_pixel_path
 from .records import read as read_record
 from .utils.io import atomic_write_bytes, atomic_write_text, iter_batches, load_image, read_json, sha256_file
 from .utils.precision import autocast, resolve_precision
@@ -136,7 +136,11 @@ def _record_speed(out: Path, kind: str, n: int, seconds: float, n_shards: int) -
 
 
 def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: list, out: Path,
-             cfg: ExtractConfig) -> dict:
+             cfg: ExtractConfig, inputs: Callable[[list[list[int]]], Iterable[Any]] | None = None) -> dict:
+    """Encodes the items of the shards not yet written, batch by batch: `encode(x, batch_ids)` gives a batch's
+    tensors, x being the batch's payload items, or, with `inputs`, what `inputs(batches)` yields for that batch
+    (a loader's preprocessed tensors, consumed one batch at a time). Floating tensors are cast to the storage dtype
+    where `encode` left them (the device), and only then copied to the CPU."""
     if len(set(ids)) != len(ids):
         raise ValueError(f"{kind}: ids must be unique")
     out.mkdir(parents=True, exist_ok=True)
@@ -166,21 +170,24 @@ def _extract(kind: str, encode, backbone: Backbone, ids: list[str], payload: lis
     dtype = _DTYPES[cfg.dtype]
     bar = Bar(len(ids), f"encoding {kind}", initial=done_items)
     t0, encoded = time.time(), 0
-    for s in todo:
-        parts: dict[str, list[torch.Tensor]] = {}
-        for batch in iter_batches(shards[s], cfg.batch_size):
-            with autocast(cfg.precision, device):
-                feats = encode([payload[i] for i in batch], [ids[i] for i in batch])
-            for name, t in feats.items():
-                parts.setdefault(name, []).append(t.detach().cpu())
-            encoded += len(batch)
-            bar.update(len(batch))
-        tensors = {name: _cat(ts).to(dtype) if ts[0].is_floating_point() else _cat(ts)
-                   for name, ts in parts.items()}
-        if "lengths" in tensors:  # ragged tokens: their offsets
-            tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"),
-                                            tensors.pop("lengths").long().cumsum(0)])
-        write_shard(shard_dir, s, tensors, [ids[i] for i in shards[s]])
+    plan = [(s, batch) for s in todo for batch in iter_batches(shards[s], cfg.batch_size)]  # in write order
+    xs = inputs([b for _, b in plan]) if inputs is not None else ([payload[i] for i in b] for _, b in plan)
+    parts: dict[str, list[torch.Tensor]] = {}
+    for n, ((s, batch), x) in enumerate(zip(plan, xs, strict=True)):
+        with autocast(cfg.precision, device):
+            feats = encode(x, [ids[i] for i in batch])
+        for name, t in feats.items():
+            t = t.detach()
+            parts.setdefault(name, []).append((t.to(dtype) if t.is_floating_point() else t).cpu())
+        encoded += len(batch)
+        bar.update(len(batch))
+        if n + 1 == len(plan) or plan[n + 1][0] != s:  # the shard's last batch: write it
+            tensors = {name: _cat(ts) for name, ts in parts.items()}
+            if "lengths" in tensors:  # ragged tokens: their offsets
+                tensors["offsets"] = torch.cat([torch.zeros(1, dtype=torch.long, device="cpu"),
+                                                tensors.pop("lengths").long().cumsum(0)])
+            write_shard(shard_dir, s, tensors, [ids[i] for i in shards[s]])
+            parts = {}
     bar.close()
     _record_speed(out, kind, encoded, time.time() - t0, len(shards))
     return {"items": len(ids), "encoded": encoded, "seconds": time.time() - t0, "repaired": repaired}
@@ -328,16 +335,41 @@ def _cat(ts: list[torch.Tensor]) -> torch.Tensor:
 
 
 def extract_images(backbone: Backbone, items: Sequence[tuple[str, Any]], out: str | Path,
-                   cfg: ExtractConfig = ExtractConfig()) -> dict:
+                   cfg: ExtractConfig = ExtractConfig(),
+                   pixel_batches: Callable[[Sequence[Any], Callable[[Any], torch.Tensor], list[list[int]]],
+                                           Iterable[torch.Tensor]] | None = None) -> dict:
     """Encodes images given as (id, source) into `out`/images. A source is a path, or an object with `load()`
     returning a PIL image and a `str()` that identifies it (e.g. a crop: `foco.benchmarks.ImageRef`).
-    Unreadable images raise, naming the file."""
-    def encode(sources, _ids):
-        f = backbone.encode_images([s.load() if hasattr(s, "load") else load_image(s) for s in sources])
-        return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {}),
-                **({"global_norm": f.norm.float()} if f.norm is not None else {})}  # (n,): raw = global * norm
+    Unreadable images raise, naming the file.
+
+    A backbone that preprocesses apart from encoding (`foco.backbones.base.PixelBackbone`) encodes pixels:
+    `pixel_batches(sources, transform, batches)` yields the (b, 3, H, W) pixels of each batch of indices into the
+    sources, in order (DataLoader workers: `foco.corpora.loader.pixel_batches`); without it they are made here,
+    a batch at a time. The features stay on the backbone's device until cast to the storage dtype. Any other
+    backbone is given each batch's decoded images (`encode_images`)."""
     sources = [s if hasattr(s, "load") else Path(s) for _, s in items]  # paths: keyed resolved (`_cache_key`)
-    return _extract("images", encode, backbone, [i for i, _ in items], sources, Path(out), cfg)
+    if not has_pixel_path(backbone):
+        def encode_pil(batch, _ids):
+            f = backbone.encode_images([s.load() if hasattr(s, "load") else load_image(s) for s in batch])
+            return _image_tensors(f, cfg)
+        return _extract("images", encode_pil, backbone, [i for i, _ in items], sources, Path(out), cfg)
+    transform = backbone.image_transform()
+    dev = getattr(backbone, "device", "cpu")
+
+    def here(batches):  # this process, a batch at a time
+        for b in batches:
+            yield torch.stack([transform(sources[i].load() if hasattr(sources[i], "load") else load_image(sources[i]))
+                               for i in b])  # (b, 3, H, W)
+
+    def encode(pixels, _ids):  # pixels (b, 3, H, W)
+        return _image_tensors(backbone.encode_pixels(pixels, device=dev), cfg)
+    inputs = (lambda batches: pixel_batches(sources, transform, batches)) if pixel_batches is not None else here
+    return _extract("images", encode, backbone, [i for i, _ in items], sources, Path(out), cfg, inputs=inputs)
+
+
+def _image_tensors(f: ImageFeatures, cfg: ExtractConfig) -> dict[str, torch.Tensor]:
+    return {"global": f.global_, **({"patches": f.patches} if cfg.patches else {}),
+            **({"global_norm": f.norm.float()} if f.norm is not None else {})}  # (n,): raw = global * norm
 
 
 def extract_texts(backbone: Backbone, items: Sequence[tuple[str, str]], out: str | Path,

@@ -54,7 +54,7 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from .base import ImageFeatures, TextFeatures
+from .base import ImageFeatures, TextFeatures, cut_to_longest, to_backbone_device
 from .pseudo import placeholder_slots, single_token_id
 
 _CLIP = "clip"
@@ -219,31 +219,71 @@ class HFBackbone:
             h.update(f.encode() + b"\0" + sha256_file(os.path.join(self.name_or_path, f)).encode())
         return h.hexdigest()
 
+    # -- preprocessing apart from encoding (`foco.backbones.base.PixelBackbone`) --------------------------------
+
+    def image_transform(self) -> "HFImageTransform":
+        """A picklable callable, one PIL image -> (3, H, W) uint8: the checkpoint's processor resizing and cropping
+        (rescale and normalisation are left to `encode_pixels`, on the device)."""
+        return HFImageTransform(self.image_processor)
+
+    def text_transform(self) -> "HFTextTransform":
+        """A picklable callable, B texts -> input ids (B, L) int64 and the real-token mask (B, L) bool, padded to
+        L = ``max_position_embeddings`` (module docstring: CLIP is cut back to the longest by `encode_tokens`)."""
+        return HFTextTransform(self.tokenizer, self._max_text_len)
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`text_transform()(texts)`: (B, L) ids and (B, L) mask at the fixed length."""
+        return HFTextTransform(self.tokenizer, self._max_text_len)(texts)
+
+    def encode_pixels(self, pixels: torch.Tensor, device: str | torch.device = "cpu") -> ImageFeatures:
+        """Encodes (B, 3, H, W) pixels of `image_transform` (uint8; float32 whole numbers from a processor that
+        resizes in floats) into a normalised global (B, D) and projected patches (B, P, D), float32 on `device`.
+        The pixels are copied to the model's device without blocking and rescaled and normalised there, as the
+        processor would."""
+        proc = self.image_processor
+        with torch.inference_mode():
+            x = to_backbone_device(pixels, self.device).float()  # (B, 3, H, W)
+            if getattr(proc, "do_rescale", True):
+                x = x * float(getattr(proc, "rescale_factor", 1 / 255))
+            if getattr(proc, "do_normalize", True):
+                mean = torch.tensor(proc.image_mean, dtype=torch.float32, device=self.device)  # (3,)
+                std = torch.tensor(proc.image_std, dtype=torch.float32, device=self.device)  # (3,)
+                x = (x - mean[:, None, None]) / std[:, None, None]
+            return self._encode_normalised(x.to(self.dtype), device)
+
+    def _encode_normalised(self, pixels: torch.Tensor, device: str | torch.device) -> ImageFeatures:
+        out = self.model.vision_model(pixel_values=pixels, return_dict=True)  # pixels (B, 3, H, W)
+        hidden = out.last_hidden_state  # CLIP: (B, 1 + P, W); SigLIP: (B, P, D)
+        if self.family == _CLIP:
+            global_, patches = clip_vit_read(self.model.vision_model, self.model.visual_projection,
+                                             hidden)  # (B, D), (B, P, D)
+        else:
+            global_ = out.pooler_output  # (B, D), MAP head
+            patches = hidden  # (B, P, D), already post_layernorm-ed
+        norm = global_.float().norm(dim=-1)  # (B,) of the raw embedding (Pic2Word's mapper reads it raw)
+        global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
+        return ImageFeatures(global_=global_.to(device), patches=patches.float().to(device), norm=norm.to(device))
+
+    def encode_tokens(self, ids: torch.Tensor, mask: torch.Tensor, device: str | torch.device = "cpu"
+                      ) -> TextFeatures:
+        """Encodes (B, L) ids and mask of `text_transform` into a normalised global (B, D), projected tokens
+        (B, L', D) and the mask (B, L'), on `device`. CLIP: a CPU batch is first cut to its longest text (L' as
+        `encode_texts` pads); SigLIP keeps the fixed length it was trained with."""
+        if self.family == _CLIP:
+            ids, mask = cut_to_longest(ids, mask)  # (B, L'), (B, L')
+        with torch.inference_mode():
+            return self._encode_ids(ids, mask, out_device=device)
+
     def encode_images(self, images: Sequence[Image.Image], device: str | torch.device = "cpu") -> ImageFeatures:
         """Encodes a batch of B images into a normalised global (B, D) and projected patches (B, P, D), float32 on
-        `device` (the CPU by default)."""
-        rgb = [im.convert("RGB") for im in images]
-        with torch.inference_mode():
-            pixels = self.image_processor(images=rgb, return_tensors="pt")["pixel_values"]  # (B, 3, H, W)
-            pixels = pixels.to(self.device, self.dtype)  # (B, 3, H, W)
-            out = self.model.vision_model(pixel_values=pixels, return_dict=True)
-            hidden = out.last_hidden_state  # CLIP: (B, 1 + P, W); SigLIP: (B, P, D)
-            if self.family == _CLIP:
-                global_, patches = clip_vit_read(self.model.vision_model, self.model.visual_projection,
-                                                 hidden)  # (B, D), (B, P, D)
-            else:
-                global_ = out.pooler_output  # (B, D), MAP head
-                patches = hidden  # (B, P, D), already post_layernorm-ed
-            norm = global_.float().norm(dim=-1)  # (B,) of the raw embedding (Pic2Word's mapper reads it raw)
-            global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
-        return ImageFeatures(global_=global_.to(device), patches=patches.float().to(device), norm=norm.to(device))
+        `device` (the CPU by default): `encode_pixels` of the images through `image_transform`."""
+        transform = self.image_transform()
+        return self.encode_pixels(torch.stack([transform(im) for im in images]), device)  # (B, 3, H, W) uint8
 
     def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:
         """Encodes a batch of B texts into a normalised global (B, D), projected tokens (B, L, D) and a mask, on
-        `device` (the CPU by default)."""
-        with torch.inference_mode():
-            input_ids, mask = self._tokenize(texts)  # (B, L), (B, L)
-            return self._encode_ids(input_ids, mask, out_device=device)
+        `device` (the CPU by default): `encode_tokens` of `tokenize(texts)`."""
+        return self.encode_tokens(*self.tokenize(texts), device=device)
 
     # -- pseudo tokens (Pic2Word-style methods) ------------------------------------------------------------------
 
@@ -304,10 +344,11 @@ class HFBackbone:
     def _encode_ids(self, input_ids: torch.Tensor, mask: torch.Tensor,
                     text_model: torch.nn.Module | None = None, out_device: str | torch.device = "cpu"
                     ) -> TextFeatures:
-        input_ids = input_ids.to(self.device)  # (B, L)
+        input_ids = to_backbone_device(input_ids, self.device)  # (B, L)
         text_model = text_model if text_model is not None else self.model.text_model
         if self.family == _CLIP:
-            out = text_model(input_ids=input_ids, attention_mask=mask.to(self.device).long(), return_dict=True)
+            out = text_model(input_ids=input_ids, attention_mask=to_backbone_device(mask, self.device).long(),
+                             return_dict=True)
             hidden = out.last_hidden_state  # (B, L, W), final_layer_norm-ed
             tokens = self.model.text_projection(hidden)  # (B, L, D)
             global_ = self.model.text_projection(out.pooler_output)  # (B, D), EOS token
@@ -320,3 +361,106 @@ class HFBackbone:
         global_ = F.normalize(global_.float(), dim=-1)  # (B, D)
         return TextFeatures(global_=global_.to(out_device), tokens=tokens.float().to(out_device),
                             mask=mask.to(out_device), norm=norm.to(out_device))
+
+
+class HFImageTransform:
+    """One PIL image -> (3, H, W) uint8: the checkpoint's image processor with its rescale and normalisation left
+    out (its resize, crop and padding give whole numbers; `HFBackbone.encode_pixels` rescales and normalises on the
+    device). Picklable: DataLoader workers run it (`foco.corpora.loader`).
+
+    The plain CLIP and SigLIP recipes of the PIL backend (resize to a shortest edge or to height x width with PIL,
+    then a centre crop that fits) are done here with PIL directly, as the processor does them, without its
+    per-call overhead (`tests/test_input_pipeline.py` checks the bytes are the processor's); anything else (a crop
+    larger than the image, padding, a torchvision processor) calls the processor."""
+
+    def __init__(self, processor) -> None:
+        self.processor = processor
+        self.plan = _pil_plan(processor)  # None: always call the processor
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        import numpy as np
+        rgb = image.convert("RGB")
+        if self.plan is not None:
+            out = _pil_transform(rgb, self.plan)
+            if out is not None:
+                return out
+        arr = self.processor(images=[rgb], do_rescale=False, do_normalize=False,
+                             return_tensors="np")["pixel_values"][0]  # (3, H, W)
+        if arr.dtype != np.uint8:  # a processor that resizes in floats: keep them (exact, 4x the bytes)
+            return torch.from_numpy(np.ascontiguousarray(arr, dtype=np.float32))
+        return torch.from_numpy(np.ascontiguousarray(arr))  # (3, H, W) uint8
+
+
+def _field(size, key: str):
+    """A size's field, from transformers 5's `SizeDict` or 4.x's dict."""
+    return size.get(key) if isinstance(size, dict) else getattr(size, key, None)
+
+
+def _pil_plan(processor) -> dict | None:
+    """What the PIL backend's processor does to an image, where it is a plain resize + centre crop: {"resize":
+    ("shortest", s) | ("exact", h, w) | None, "crop": (h, w) | None, "resample": int}; None otherwise."""
+    if _needs_torchvision(processor) or getattr(processor, "do_pad", False):
+        return None
+    plan: dict = {"resize": None, "crop": None, "resample": getattr(processor, "resample", None)}
+    if plan["resample"] is None:
+        return None
+    plan["resample"] = int(plan["resample"])
+    size = getattr(processor, "size", None)
+    others = ("longest_edge", "max_height", "max_width", "min_pixels", "max_pixels")
+    if getattr(processor, "do_resize", False):
+        if size is None or any(_field(size, k) for k in others):
+            return None
+        if _field(size, "shortest_edge") and not (_field(size, "height") or _field(size, "width")):
+            plan["resize"] = ("shortest", int(_field(size, "shortest_edge")))
+        elif _field(size, "height") and _field(size, "width") and not _field(size, "shortest_edge"):
+            plan["resize"] = ("exact", int(_field(size, "height")), int(_field(size, "width")))
+        else:
+            return None
+    if getattr(processor, "do_center_crop", False):
+        crop = getattr(processor, "crop_size", None)
+        if crop is None or not (_field(crop, "height") and _field(crop, "width")):
+            return None
+        plan["crop"] = (int(_field(crop, "height")), int(_field(crop, "width")))
+    return plan
+
+
+def _pil_transform(rgb: Image.Image, plan: dict) -> torch.Tensor | None:
+    """`plan` on an RGB image: (3, H, W) uint8, or None where the processor must do it (a crop needing padding)."""
+    import numpy as np
+    if plan["resize"] is not None:
+        w, h = rgb.size
+        if plan["resize"][0] == "shortest":  # transformers' get_resize_output_image_size(default_to_square=False)
+            s = plan["resize"][1]
+            short, long = (w, h) if w <= h else (h, w)
+            new_long = int(s * long / short)
+            nw, nh = (s, new_long) if w <= h else (new_long, s)
+        else:
+            nh, nw = plan["resize"][1], plan["resize"][2]
+        rgb = rgb.resize((nw, nh), resample=plan["resample"], reducing_gap=None)
+    arr = np.asarray(rgb)  # (H, W, 3) uint8
+    if plan["crop"] is not None:
+        ch, cw = plan["crop"]
+        top, left = (arr.shape[0] - ch) // 2, (arr.shape[1] - cw) // 2
+        if top < 0 or left < 0:
+            return None
+        arr = arr[top:top + ch, left:left + cw]
+    return torch.from_numpy(np.ascontiguousarray(arr.transpose(2, 0, 1)))  # (3, H, W) uint8
+
+
+class HFTextTransform:
+    """B texts -> input ids (B, L) int64 and the real-token mask (B, L) bool, padded to the fixed L = `max_length`
+    (mask: the tokenizer's attention mask, else ids != pad). Picklable: DataLoader workers run it."""
+
+    def __init__(self, tokenizer, max_length: int) -> None:
+        self.tokenizer, self.max_length = tokenizer, int(max_length)
+
+    def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        tok = self.tokenizer
+        enc = tok(list(texts), padding="max_length", truncation=True, max_length=self.max_length,
+                  return_attention_mask=True, return_tensors="pt")
+        input_ids = enc["input_ids"].long()  # (B, L)
+        if enc.get("attention_mask") is not None:
+            mask = enc["attention_mask"].bool()  # (B, L)
+        else:
+            mask = input_ids != tok.pad_token_id  # (B, L)
+        return input_ids, mask

