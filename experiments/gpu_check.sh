@@ -170,7 +170,7 @@ run_step_device torchrun-train 90 $TORCHRUN --standalone --nproc_per_node "$NPRO
 unset NCCL_DEBUG
 train_log=$(ls -t "$WORK"/logs/torchrun-train*.log 2>/dev/null | head -n 1)
 if [[ -n "$train_log" ]]; then
-  md "" "- process group: $(grep -m 1 -o 'process group: .*' "$train_log" || echo 'NONE (the data-parallel path did not run)')"
+  md "" "- $(grep -m 1 -o 'process group: .*' "$train_log" || echo 'process group: NONE (the data-parallel path did not run)')"
   md "- NCCL INFO lines in the training log: $(grep -c 'NCCL INFO' "$train_log") (0 on the CPU, where gloo is used)"
   md "- NCCL version line: $(grep -m 1 -o 'NCCL version [^ ]*' "$train_log" || echo none)"
 fi
