@@ -40,11 +40,11 @@ def main() -> None:
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", str(fd._free_port() if hasattr(fd, "_free_port") else 29533))
     cuda = a.device.startswith("cuda")
+    device = a.device if not cuda or ":" in a.device else f"cuda:{torch.cuda.current_device()}"  # nccl needs an index
     if cuda:
-        torch.cuda.set_device(torch.device(a.device))
+        torch.cuda.set_device(torch.device(device))
     dist.init_process_group("nccl" if cuda else "gloo", rank=0, world_size=1, timeout=datetime.timedelta(seconds=60),
-                            **({"device_id": torch.device(a.device)} if cuda else {}))
-    device = str(torch.device(a.device)) if not cuda or ":" in a.device else "cuda:0"
+                            **({"device_id": torch.device(device)} if cuda else {}))
     forced = "forced" in fd.RunContext.__dataclass_fields__
     if forced:
         env = fd.RunContext(device=device, forced=True)

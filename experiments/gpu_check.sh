@@ -184,7 +184,8 @@ fi
 run_step step-syncs 45 "$PY" experiments/count_step_syncs.py --device "$DEVICE" || FAILED=1
 
 # 4. the input pipeline against the GPU's step budget
-run_step input-pipeline 60 "$PY" experiments/bench_input_pipeline.py ${PIPELINE_ARGS:---quick} || FAILED=1
+run_step input-pipeline 60 "$PY" experiments/bench_input_pipeline.py ${PIPELINE_ARGS:---quick} \
+  --out "$REPORT_DIR/bench_input_pipeline.json" || FAILED=1
 
 # 5. throughput at the paper's shapes
 if [[ -n "${BENCH_ARGS:-}" ]]; then

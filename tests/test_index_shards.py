@@ -193,3 +193,24 @@ def test_the_gpu_path_trains_and_assigns_on_the_gpus_and_writes_a_cpu_index(fact
         assert (ids_a[:, 0] == np.arange(1, 51)).all() and (ids_b[:, 0] == np.arange(1, 51)).all()
     assert (ids_a == ids_b).mean() > 0.95  # the same centroids, the same lists: the same index
     store.close()
+
+
+def test_on_disk_blocks_share_one_gpu_assigner(tmp_path, monkeypatch):
+    """--ondisk on the GPU path: the centroids go to the GPUs once for every block (not once a block), and the
+    lists hold what the CPU path's hold."""
+    from foco.search import vectors as V
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "gpu").mkdir()
+    store, x = _store(tmp_path)
+    monkeypatch.setattr(V, "ADD_CHUNK", 300)  # several blocks
+    V.build_faiss(store, tmp_path / "cpu", V.VectorConfig("IVF16,Flat", train_size=1000, ondisk=True))
+    moved = []
+    monkeypatch.setattr(faiss, "get_num_gpus", lambda: 1)
+    monkeypatch.setattr(faiss, "index_cpu_to_all_gpus", lambda index, co=None, ngpu=-1: moved.append(index) or index)
+    rec = V.build_faiss(store, tmp_path / "gpu", V.VectorConfig("IVF16,Flat", train_size=1000, ondisk=True, gpu=True))
+    assert rec["gpu"] is True and len(x) > 2 * 300 and len(moved) == 2  # k-means, then one assigner
+    a, b = (V.load_vector_index(tmp_path / d / "vectors.faiss", ivf=True, ondisk=True) for d in ("cpu", "gpu"))
+    for index in (a, b):
+        V.set_search_params(index, nprobe=16)
+    assert (V.search_vectors(a, x[:50], 10)[1] == V.search_vectors(b, x[:50], 10)[1]).mean() > 0.95
+    store.close()

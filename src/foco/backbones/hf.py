@@ -246,10 +246,18 @@ class HFBackbone:
             if getattr(proc, "do_rescale", True):
                 x = x * float(getattr(proc, "rescale_factor", 1 / 255))
             if getattr(proc, "do_normalize", True):
-                mean = torch.tensor(proc.image_mean, dtype=torch.float32, device=self.device)  # (3,)
-                std = torch.tensor(proc.image_std, dtype=torch.float32, device=self.device)  # (3,)
+                mean, std = self._mean_std()  # (3,), (3,) on the model's device, made once
                 x = (x - mean[:, None, None]) / std[:, None, None]
             return self._encode_normalised(x.to(self.dtype), device)
+
+    def _mean_std(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The processor's normalisation on the model's device, copied there once (a copy of a new tensor to a GPU
+        waits for its queue: never once a batch)."""
+        if getattr(self, "_norm", None) is None:
+            proc = self.image_processor
+            self._norm = (torch.tensor(proc.image_mean, dtype=torch.float32).to(self.device),
+                          torch.tensor(proc.image_std, dtype=torch.float32).to(self.device))
+        return self._norm
 
     def _encode_normalised(self, pixels: torch.Tensor, device: str | torch.device) -> ImageFeatures:
         out = self.model.vision_model(pixel_values=pixels, return_dict=True)  # pixels (B, 3, H, W)

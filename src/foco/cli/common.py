@@ -212,7 +212,8 @@ def add_distributed_args(p: argparse.ArgumentParser, sync: bool = True) -> None:
     from ..train.distributed import DEFAULT_TIMEOUT_S, SETUP_TIMEOUT_S
     p.add_argument("--dist-timeout", type=seconds, default=DEFAULT_TIMEOUT_S,
                    help="under torchrun: seconds a rank waits for the others during training before the job stops "
-                        "with a Python error (on nccl through TORCH_NCCL_BLOCKING_WAIT) that says how to resume")
+                        "(on nccl, set TORCH_NCCL_BLOCKING_WAIT=1 for a Python error that says how to resume, at "
+                        "the price of a host wait per collective)")
     p.add_argument("--setup-timeout", type=seconds, default=SETUP_TIMEOUT_S,
                    help="under torchrun: seconds a rank waits for the others before the first step, while one of "
                         "them may work alone (encoding edit texts, hashing shards, compiling)")

@@ -250,18 +250,22 @@ class _Assigner:
         inner = faiss.downcast_index(index)
         return cls(inner) if gpu and isinstance(inner, faiss.IndexIVF) else None
 
-    def add(self, x: np.ndarray, ids: np.ndarray) -> None:
+    def add(self, x: np.ndarray, ids: np.ndarray, into=None) -> None:
+        """Adds `x` to this assigner's index, or `into` another IVF index with the same centroids (an on-disk
+        block: the centroids go to the GPUs once for all blocks)."""
         from faiss.contrib.ivf_tools import add_preassigned
         _, lists = self.gpu_index.search(x, 1)
         ids = np.ascontiguousarray(ids, dtype=np.int64)  # held here: add_preassigned keeps only a raw pointer to it
         lists = np.ascontiguousarray(lists.ravel(), dtype=np.int64)
-        add_preassigned(self.ivf, x, lists, ids)
+        add_preassigned(self.ivf if into is None else _faiss().downcast_index(into), x, lists, ids)
 
 
-def _add_chunk(index, x: np.ndarray, ids: np.ndarray, assigner: _Assigner | None) -> None:
+def _add_chunk(index, x: np.ndarray, ids: np.ndarray, assigner: _Assigner | None, into: bool = False) -> None:
+    """Adds a chunk to `index`: through `assigner` (on the GPUs) where there is one, `into` meaning `index` is not
+    the assigner's own (a block cloned from it)."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if assigner is not None:
-        assigner.add(x, ids)
+        assigner.add(x, ids, into=index if into else None)
     else:
         index.add_with_ids(x, ids)
 
@@ -311,9 +315,10 @@ def _write_ondisk(trained, store, out: Path, since_id: int = 0, gpu: bool = Fals
     blocks.mkdir()
     names = []
     bar = Bar(store.count(), "adding vectors (on-disk lists)")
+    assigner = _Assigner.for_index(trained, gpu)  # the centroids on the GPUs once, for every block
     for k, (ids, slots) in enumerate(store.live(ADD_CHUNK, since_id)):
         block = faiss.clone_index(trained)
-        _add_chunk(block, store.vectors.read(slots), ids, _Assigner.for_index(block, gpu))
+        _add_chunk(block, store.vectors.read(slots), ids, assigner, into=True)
         names.append(str(blocks / f"block-{k:05d}.index"))
         faiss.write_index(block, names[-1])
         del block

@@ -17,9 +17,10 @@ cuda:$LOCAL_RANK and every collective takes tensors on it (`DistEnv.device`).
 Timeouts. The group is made with the long setup timeout (`--setup-timeout`, default 1800 s): before the first step
 one rank may work alone while the others wait (rank 0 encodes the edit texts, shards are hashed, inductor compiles).
 `steady` then shortens it to the step timeout (`--dist-timeout`, default 600 s): a rank that dies mid-training stops
-the others within it. On nccl, `TORCH_NCCL_BLOCKING_WAIT=1` is set (unless the user set it) so that a timed-out
-collective raises a Python error, which the loop turns into `RankLost` with how to resume, instead of nccl's
-watchdog tearing the process down.
+the others within it. On nccl, by default, the watchdog then tears the process down (torchrun reports which rank
+failed); with `TORCH_NCCL_BLOCKING_WAIT=1` in the environment a timed-out collective raises a Python error instead,
+which the loop turns into `RankLost` saying how to resume. It is not set for you: every collective's wait then
+blocks the CPU until the GPU has done it, which is the host wait a step is built to avoid.
 
 `--force-distributed` (`RunContext.forced`) takes the data-parallel path at world size 1: a real process group of
 one (nccl on a GPU, gloo on the CPU), DDP and the gathers, so that a one-GPU machine tests what 8 GPUs run.
@@ -52,6 +53,7 @@ class RunContext:
     out: str | None = None
     forced: bool = False  # the data-parallel path (process group, DDP, gathers) even at world size 1
     step_timeout_s: float | None = None  # what `steady` sets once setup is over (init_distributed records it)
+    setup_timeout_s: float | None = None  # what `relax` sets again before a phase's first step (compiling)
 
     @property
     def torch_device(self) -> torch.device:
@@ -98,26 +100,32 @@ def init_distributed(env: RunContext, backend: str | None = None, timeout_s: flo
     if not env.enabled or dist.is_initialized():
         return replace(env, step_timeout_s=float(timeout_s)) if env.enabled else env
     backend = backend or ("nccl" if device.type == "cuda" else "gloo")
-    if backend == "nccl":  # a timed-out collective raises (RankLost) instead of the watchdog killing the process
-        os.environ.setdefault("TORCH_NCCL_BLOCKING_WAIT", "1")
     if env.world_size == 1 and "MASTER_ADDR" not in os.environ:
         os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(_free_port())
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     setup = setup_timeout_s if setup_timeout_s is not None else max(timeout_s, SETUP_TIMEOUT_S)
     dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
                             timeout=datetime.timedelta(seconds=setup), **kwargs)
-    return replace(env, step_timeout_s=float(timeout_s))
+    return replace(env, step_timeout_s=float(timeout_s), setup_timeout_s=float(setup))
 
 
 def steady(env: DistEnv) -> float | None:
-    """Setup is over (called by the loop before its first step): the group's collectives now time out after the
-    step timeout given to `init_distributed`. Returns it (None: no group, or one made elsewhere: left as it is)."""
-    t = env.step_timeout_s
-    if not env.enabled or t is None or not dist.is_initialized():
+    """A phase's first step is done (compiled, its columns' length agreed): the group's collectives now time out
+    after the step timeout given to `init_distributed`. Returns it (None: no group, or one made elsewhere)."""
+    return _set_timeout(env, env.step_timeout_s)
+
+
+def relax(env: DistEnv) -> float | None:
+    """Before a phase's first step, which may compile or set up alone on one rank: the setup timeout again."""
+    return _set_timeout(env, env.setup_timeout_s)
+
+
+def _set_timeout(env: DistEnv, seconds: float | None) -> float | None:
+    if not env.enabled or seconds is None or not dist.is_initialized():
         return None
     from torch.distributed.distributed_c10d import _set_pg_timeout
-    _set_pg_timeout(datetime.timedelta(seconds=t))
-    return t
+    _set_pg_timeout(datetime.timedelta(seconds=seconds))
+    return seconds
 
 
 def _free_port() -> int:

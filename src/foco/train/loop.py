@@ -24,7 +24,7 @@ from ..utils.io import _write_failed
 from ..utils.plot import plot_losses
 from ..utils.precision import autocast, resolve_precision
 from ..utils.progress import Bar, NoBar
-from .distributed import DistEnv, RankLost, barrier, mean_block, rank_lost, steady, total_across
+from .distributed import DistEnv, RankLost, barrier, mean_block, rank_lost, relax, steady, total_across
 
 log = logging.getLogger(__name__)
 
@@ -191,12 +191,12 @@ def _run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: Loop
     elif cfg.env.is_main:
         cut_logs(out, to_nothing=True)  # lines of a run that saved no state (e.g. a full disk at its first epoch)
     out.mkdir(parents=True, exist_ok=True)
-    steady(cfg.env)  # setup is over: collectives now time out after the step timeout
     t0 = time.time()
     plotted = [float("-inf")]  # when the loss curve was last drawn (never: the first epoch draws it)
     for i, phase in enumerate(phases[first:], first):
         n, B, S = sizes[i], batch[i], steps[i]
         opt, done = (opt, epoch0 * S) if i == first and opt is not None else (_optimizer(phase), 0)
+        relax(cfg.env)  # until its first step is done (compiling, agreeing on shapes): the setup timeout
         for epoch in range(done // S, phase.epochs):
             if done >= totals[i]:
                 break
@@ -421,7 +421,7 @@ def _restore(state_dir: Path, model: torch.nn.Module, phases: list[Phase], rng: 
         generator.set_state(saved)
     log.info("resuming %s training%s after epoch %d", name, "".join(f" at {w}" for w in _words(phases[i].tag)),
              restored["epoch"])
-    load_rank_rng(state_dir, env)
+    load_rank_rng(state_dir, env, _at(restored))
     return i, int(restored["epoch"]), opt
 
 
@@ -429,10 +429,15 @@ def _rank_rng_path(state_dir: Path, env: DistEnv) -> Path:
     return state_dir / f"rng-rank{env.rank}.safetensors"
 
 
-def save_rank_rng(state_dir: Path, env: DistEnv) -> None:
+def _at(progress: dict) -> dict:
+    """Where a saved state stands: its phase tag and epoch (what a rank's RNG file must match)."""
+    return {k: v for k, v in progress.items() if k not in ("identity", "settings", "logs", "extra_tensors")}
+
+
+def save_rank_rng(state_dir: Path, env: DistEnv, at: dict) -> None:
     """Data-parallel: each rank saves its own torch RNG states (the CPU's and its GPU's, which its dropout masks
-    draw from: ranks are seeded seed + rank) beside the state rank 0 writes, so that `--resume` draws what an
-    uninterrupted run would."""
+    draw from: ranks are seeded seed + rank) beside the state rank 0 writes, stamped with where the run stands
+    (`at`: phase and epoch), so that `--resume` draws what an uninterrupted run would."""
     if not env.enabled:
         return
     from safetensors.torch import save
@@ -440,21 +445,31 @@ def save_rank_rng(state_dir: Path, env: DistEnv) -> None:
     tensors = {"rng/torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         tensors["rng/cuda"] = torch.cuda.get_rng_state()  # this rank's current GPU
-    atomic_write_bytes(_rank_rng_path(state_dir, env), save(tensors))
+    atomic_write_bytes(_rank_rng_path(state_dir, env), save(tensors, metadata={"at": json.dumps(at, sort_keys=True)}))
 
 
-def load_rank_rng(state_dir: Path, env: DistEnv) -> bool:
-    """Restores this rank's RNG states saved by `save_rank_rng`; False where there are none (a state of another
-    rank count, or one process), which keeps the states seeded at the start."""
+def load_rank_rng(state_dir: Path, env: DistEnv, at: dict) -> bool:
+    """Restores this rank's RNG states saved by `save_rank_rng` at the state's phase and epoch (`at`). Where there
+    are none (a state of another rank count or of an older foco), or they are of another epoch (the job stopped
+    between the ranks' files and rank 0's state), each rank draws a seed from the restored state plus its rank, so
+    that ranks still differ; returns False then."""
     path = _rank_rng_path(state_dir, env)
-    if not env.enabled or not path.is_file():
+    if not env.enabled:
         return False
-    from ..utils.io import load_tensors
-    tensors = load_tensors(path, f"the rank's RNG state is damaged: remove {path} to resume with fresh draws")
-    torch.set_rng_state(tensors["rng/torch"])
-    if "rng/cuda" in tensors and torch.cuda.is_available():
-        torch.cuda.set_rng_state(tensors["rng/cuda"])
-    return True
+    if path.is_file():
+        from safetensors import safe_open
+        from ..utils.io import load_tensors
+        tensors = load_tensors(path, f"the rank's RNG state is damaged: remove {path} to resume with fresh draws")
+        with safe_open(str(path), "pt") as f:
+            saved_at = (f.metadata() or {}).get("at")
+        if saved_at == json.dumps(at, sort_keys=True):
+            torch.set_rng_state(tensors["rng/torch"])
+            if "rng/cuda" in tensors and torch.cuda.is_available():
+                torch.cuda.set_rng_state(tensors["rng/cuda"])
+            return True
+        log.info("%s is of %s, not of the saved state (%s): rank %d draws anew", path, saved_at, at, env.rank)
+    torch.manual_seed(int(torch.randint(2 ** 62, (1,))) + env.rank)  # the same draw on every rank, plus the rank
+    return False
 
 
 def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor], cfg: LoopConfig,
@@ -475,7 +490,7 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
     sums: dict[str, float] = {}
     log_: list[tuple[int, dict[str, float]]] = []
     rows: list[tuple[int, torch.Tensor]] = []  # (global step, (V + 1,) its losses and gradient norm, on the device)
-    keys: list[str] = []
+    keys: list[str] = []  # the losses the block's rows hold, in order; a step with others reads the block first
     with (Bar(len(batches), desc) if cfg.env.is_main else NoBar()) as bar:
         for n, (idx, step) in enumerate(zip(batches, schedule)):
             factor = lr_factor(step, schedule.stop, cfg.warmup_frac, cfg.schedule)
@@ -487,19 +502,24 @@ def _epoch(phase: Phase, opt: torch.optim.Optimizer, batches: list[torch.Tensor]
             losses[phase.objective].backward()
             # after DDP's all-reduce: every rank's; grad_clip 0 measures the norm and clips nothing
             norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip if cfg.grad_clip > 0 else float("inf"))
-            keys = keys or list(losses)
+            read: list[tuple[int, dict[str, float]]] = []
+            if rows and list(losses) != keys:  # this step logs other losses (e.g. a term absent from its batch)
+                read, rows = _read_block(rows, keys, cfg, desc), []
+            keys = list(losses)
+            loss0 = losses[phase.objective]
             row = torch.stack([losses[k].detach().float().reshape(()) for k in keys] +
-                              [norm.detach().float().reshape(())])  # (V + 1,)
+                              [norm.detach().float().reshape(()).to(loss0.device)])  # (V + 1,)
             rows.append((offset + step, row))
             if skip:
                 opt.found_inf = (~torch.isfinite(row).all()).float()  # the fused step is skipped on the device
-            read: list[tuple[int, dict[str, float]]] = []
             if every == 1:  # read before the step: a non-finite one is never taken
-                read, rows = _read_block(rows, keys, cfg, desc), []
+                read, rows = read + _read_block(rows, keys, cfg, desc), []
             opt.step()
             bar.update(1)
+            if n == 0:
+                steady(cfg.env)  # the first step is done: collectives now time out after the step timeout
             if rows and (len(rows) >= every or n == len(batches) - 1):
-                read, rows = _read_block(rows, keys, cfg, desc), []
+                read, rows = read + _read_block(rows, keys, cfg, desc), []
             for step_, values in read:
                 for k, v in values.items():
                     sums[k] = sums.get(k, 0.0) + v
@@ -579,7 +599,7 @@ def _end_epoch(out: Path, model: torch.nn.Module, opt: torch.optim.Optimizer, rn
     resume, and its steps were never written; one killed after the logs but before the state has its logs cut back
     to the state's sizes on resume (`cut_logs`), so every epoch is logged once. Data-parallel: rank 0 writes
     (atomically), the others wait for it."""
-    save_rank_rng(out / "train_state", cfg.env)
+    save_rank_rng(out / "train_state", cfg.env, _at(progress))
     if not cfg.env.is_main:
         barrier(cfg.env)
         return
