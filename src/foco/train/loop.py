@@ -161,7 +161,7 @@ def run(model: torch.nn.Module, phases: list[Phase], out: str | Path, cfg: LoopC
     try:
         return _run(model, phases, out, cfg, rng, resume, generator, on_step, on_epoch)
     except RuntimeError as exc:
-        if cfg.env.enabled and not isinstance(exc, RankLost):
+        if cfg.env.world_size > 1 and not isinstance(exc, RankLost):  # a group of one has no other rank to lose
             raise rank_lost(exc, cfg.env) from exc
         raise
 
