@@ -7,7 +7,10 @@ import sys
 from pathlib import Path
 
 from ..utils.parse import MAX_BOX_BETA, MAX_CHORD
-from .common import add_owned_output, add_device_arg, add_unverified_arg, flag_dest, float_in, positive_int
+from .common import add_owned_output, add_device_arg, add_unverified_arg, flag_dest, float_in, nonneg_int, positive_int
+
+WORKERS_HELP = ("DataLoader workers that read, decode and preprocess the images while this process encodes "
+                "(--images: each file opened, hashed and resized; --in: a shard's samples); 0: all in this process")
 
 
 def _index_build(a: argparse.Namespace) -> int:
@@ -18,7 +21,7 @@ def _index_build(a: argparse.Namespace) -> int:
     from ..search.build import IndexConfig, build_index
     cfg = IndexConfig(images=a.images, backbone=a.backbone, index_type=a.index_type, with_patches=a.with_patches,
                       precision=a.precision, batch_size=a.batch_size, train_size=a.train_size,
-                      max_index_memory=a.max_index_memory, ondisk=a.ondisk, refine=a.refine)
+                      max_index_memory=a.max_index_memory, ondisk=a.ondisk, refine=a.refine, workers=a.workers)
     _report(build_index(cfg, a.out, device=device(a)), a.out)
     return 0
 
@@ -47,7 +50,8 @@ def _shard_build(a: argparse.Namespace) -> int:
 
 def _index_update(a: argparse.Namespace) -> int:
     from ..search.build import update_index
-    _report(update_index(a.index, device=device(a), retrain=a.retrain, reencode=a.reencode), a.index)
+    _report(update_index(a.index, device=device(a), retrain=a.retrain, reencode=a.reencode, workers=a.workers),
+            a.index)
     return 0
 
 
@@ -142,7 +146,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "'shards/{00000..00099}.tar'; under torchrun rank r encodes shards r, r + N, ... (docs/search.md)")
     b.add_argument("--features", default=None, help="with --in (or alone): the shards' features `foco features "
                    "extract --in` wrote, used instead of encoding")
-    b.add_argument("--workers", type=positive_int, default=2, help="--in: DataLoader workers decoding a shard")
+    b.add_argument("--workers", type=nonneg_int, default=2, help=WORKERS_HELP)
     b.add_argument("--dist-timeout", type=positive_int, default=3600,
                    help="--in under torchrun: seconds a rank waits for the others to finish their shards")
     b.add_argument("--backbone", required=True, help="backbone spec, e.g. world:pretrained or hf:PATH")
@@ -172,6 +176,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="train the vector index again on the whole collection (default: add to it as trained)")
     u.add_argument("--reencode", action="store_true",
                    help="encode every image again (needed when the backbone's weights changed since the build)")
+    u.add_argument("--workers", type=nonneg_int, default=2, help=WORKERS_HELP)
     add_device_arg(u)
     u.set_defaults(func=_index_update)
 

@@ -15,6 +15,12 @@ orientation applied, converted to RGB and encoded by the backbone. An unreadable
 decompression-bomb limit) is skipped, counted and listed, never fatal. Files outside the folder (through links)
 are not indexed.
 
+The input pipeline is training's and extraction's (`foco.corpora.loader`, issue 43): DataLoader workers
+(`IndexConfig.workers`, `--workers`) open each file (`open_image`'s checks), hash it, and preprocess it with the
+backbone's `image_transform()`; they hand back uint8 pixels (pinned on CUDA), the image's size and its sha256, or
+the reason it cannot be read (`Opened`). This process only encodes (`encode_pixels`). A backbone without that
+path (`foco.backbones.base.has_pixel_path`) is given the decoded images, read in this process.
+
 Incremental: a file whose size and mtime match its row is kept as is; one whose size or mtime changed is hashed,
 and re-encoded only when its sha256 changed; files that disappeared are dropped; new files are encoded. Each batch
 is committed as it finishes, so a killed build resumes where it stopped. The vector index then takes in what
@@ -34,9 +40,12 @@ from dataclasses import replace, asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 from PIL import Image, ImageOps
 
 from ..backbones import canonical_spec, create_backbone
+from ..backbones.base import has_pixel_path
+from ..corpora.loader import make_loader
 from ..utils.io import atomic_write_text, file_stamp, sha256_file, stamp_problem
 from ..utils.text import is_unicode
 from ..utils.precision import autocast, resolve_precision
@@ -64,6 +73,7 @@ class IndexConfig:
     retrain: bool = False  # train the vector index again instead of adding to it
     reencode: bool = False  # encode every image again: the backbone's weights changed since the index was built
     refine: int | None = None  # PQ indexes: the exact re-rank's shortlist factor (None: vectors.REFINE_PQ)
+    workers: int = 2  # DataLoader workers opening, hashing and preprocessing the files (0: in this process)
 
 
 @dataclass
@@ -218,20 +228,17 @@ def _build(cfg: IndexConfig, out: Path, meta: dict, backbone, precomputed, devic
         if todo:
             backbone = backbone or create_backbone(cfg.backbone, device=device)
             bar = Bar(len(todo), "indexing images")
-            for s in range(0, len(todo), cfg.batch_size):
-                batch, images, rows = todo[s:s + cfg.batch_size], [], []
-                for rel, p, st, digest in batch:
-                    try:
-                        im = open_image(p)
-                    except ValueError as exc:
+            for n, (images, opened) in enumerate(_opened_batches(backbone, todo, cfg)):  # workers open the files
+                batch, rows = todo[n * cfg.batch_size:(n + 1) * cfg.batch_size], []
+                for (rel, _, st, _), (size, digest, error) in zip(batch, opened, strict=True):
+                    if error is not None:
                         if rel in have:  # it changed and cannot be read: its old vector named other bytes
                             store.remove([rel])
                             dropped.append(rel)
-                            exc = ValueError(f"{exc}; its earlier version was removed from the index")
-                        skipped.append((rel, str(exc)))
+                            error = f"{error}; its earlier version was removed from the index"
+                        skipped.append((rel, error))
                         continue
-                    images.append(im)
-                    rows.append(ImageRow(0, rel, st.st_size, st.st_mtime_ns, digest or sha256_file(p), *im.size))
+                    rows.append(ImageRow(0, rel, st.st_size, st.st_mtime_ns, digest, *size))
                 vecs, patches = _encode(backbone, images, rows, root, cfg, precomputed)
                 store.add(rows, vecs, patches)
                 encoded += len(rows)
@@ -323,26 +330,70 @@ def _vector_index(store: ImageStore, out: Path, cfg: IndexConfig, have: dict | N
     return rec
 
 
-def _encode(backbone, images: list[Image.Image], rows: list[ImageRow], root: Path, cfg: IndexConfig,
-            precomputed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray | None]:
-    """(B, D) global features (and (B, P, D) patches with --with-patches) of the batch."""
-    if not images:
+class Opened(torch.utils.data.Dataset):
+    """File i of a build's to-do list, opened where the DataLoader runs it (a worker): `(pixels, (width, height),
+    sha256, None)`, or `(None, None, None, reason)` for a file `open_image` refuses (the reason is its message), so
+    that an unreadable file is skipped and listed, never an exception that stops the build. `pixels` is
+    `transform(image)`, (3, H, W) uint8 (`PixelBackbone.image_transform()`), or the decoded image itself where
+    `transform` is None; the sha256 is computed only where `digests[i]` (known from the scan) is None."""
+
+    def __init__(self, paths: list[Path], digests: list[str | None], transform=None):
+        self.paths, self.digests, self.transform = paths, digests, transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, i: int):
+        try:
+            im = open_image(self.paths[i])
+        except ValueError as exc:
+            return None, None, None, str(exc)
+        pixels = im if self.transform is None else self.transform(im)
+        return pixels, im.size, self.digests[i] or sha256_file(self.paths[i]), None
+
+
+def collate_opened(items: list[tuple]) -> tuple:
+    """A batch of `Opened` items -> (the readable ones' pixels stacked, (b, 3, H, W); or their images, a list; None
+    when none is readable), [(size, sha256, reason) of each item, in order])."""
+    ok = [it[0] for it in items if it[3] is None]
+    images = (torch.stack(ok) if isinstance(ok[0], torch.Tensor) else ok) if ok else None
+    return images, [tuple(it[1:]) for it in items]
+
+
+def _opened_batches(backbone, todo: list[tuple], cfg: IndexConfig):
+    """`collate_opened` batches of the files of `todo`, `cfg.batch_size` at a time and in order: opened, hashed
+    and preprocessed by `cfg.workers` DataLoader workers (pinned on CUDA), a few batches ahead; a backbone without
+    the pixel path is given decoded images, read here as before."""
+    pixel_path = has_pixel_path(backbone)
+    dataset = Opened([p for _, p, _, _ in todo], [d for *_, d in todo],
+                     backbone.image_transform() if pixel_path else None)
+    workers = min(cfg.workers, -(-len(todo) // cfg.batch_size)) if pixel_path else 0  # none idle
+    yield from make_loader(dataset, device=getattr(backbone, "device", "cpu"), workers=workers,
+                           batch_size=cfg.batch_size, collate_fn=collate_opened)
+
+
+def _encode(backbone, images: torch.Tensor | list[Image.Image] | None, rows: list[ImageRow], root: Path,
+            cfg: IndexConfig, precomputed: dict[str, np.ndarray] | None) -> tuple[np.ndarray, np.ndarray | None]:
+    """(B, D) global features (and (B, P, D) patches with --with-patches) of the batch's readable images: their
+    (B, 3, H, W) pixels (`encode_pixels`), or their decoded images for a backbone without that path."""
+    if not rows:
         return np.zeros((0, backbone.embed_dim), np.float32), None
     if precomputed is not None and not cfg.with_patches:
         keys = [str((root / r.path).resolve()) for r in rows]
         if all(k in precomputed for k in keys):
             return np.stack([precomputed[k] for k in keys]).astype(np.float32), None
     with autocast(cfg.precision, str(getattr(backbone, "device", "cpu"))):
-        f = backbone.encode_images(images)
+        f = backbone.encode_pixels(images) if isinstance(images, torch.Tensor) else backbone.encode_images(images)
     vecs = f.global_.float().numpy()
     return vecs, (f.patches.float().numpy() if cfg.with_patches else None)
 
 
 def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: bool = False,
-                 reencode: bool = False) -> IndexStats:
+                 reencode: bool = False, workers: int = 2) -> IndexStats:
     """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json; the vector index
     takes in what changed, and is trained again only with `retrain`. Weights of the backbone that changed since
-    the index was built are refused, unless `reencode`: then every image is encoded again."""
+    the index was built are refused, unless `reencode`: then every image is encoded again. `workers`: the
+    DataLoader workers that open the files (`IndexConfig.workers`)."""
     out = Path(out)
     if not (out / "index.json").is_file():
         raise FileNotFoundError(f"{out} is not an index (no index.json); make one with `foco index build`")
@@ -355,5 +406,5 @@ def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: b
                       with_patches=meta["with_patches"], precision=meta["precision"],
                       train_size=meta.get("train_size"), max_index_memory=meta.get("max_index_memory", "4GB"),
                       ondisk=bool(vec.get("ondisk")), retrain=retrain, refine=vec.get("refine_asked"),
-                      reencode=reencode)
+                      reencode=reencode, workers=workers)
     return build_index(cfg, out, backbone, device=device)
