@@ -194,7 +194,8 @@ def test_the_loader_pins_on_the_backbones_device_and_uses_no_idle_worker(folder,
     bb = WorkersOnly(create_backbone("world:pretrained"))
     bb.device = torch.device("cuda", 0)
     todo = [("tall.webp", folder / "tall.webp", None, None)] * 3
-    batches = list(B._opened_batches(bb, todo, IndexConfig(images=str(folder), backbone="x", batch_size=2)))
+    cfg = IndexConfig(images=str(folder), backbone="x", batch_size=2, workers=2)
+    batches = list(B._opened_batches(bb, todo, cfg))
     assert seen["device"] == torch.device("cuda", 0) and seen["workers"] == 2 and len(batches) == 2
     list(B._opened_batches(bb, todo, IndexConfig(images=str(folder), backbone="x", batch_size=8, workers=4)))
     assert seen["workers"] == 1  # one batch: one worker

@@ -377,3 +377,25 @@ def test_online_batches_reach_the_backbone_on_its_device(tmp_path, monkeypatch):
     assert len(seen) >= 5 and all(d.type == "meta" for d in seen), seen
     fields = (batch.image_global, batch.patches, batch.local, batch.local_mask, batch.ctx_tokens, batch.ctx_mask)
     assert {t.device.type for t in fields} == {"meta"}
+
+
+def test_world_pixels_encode_bit_for_bit_as_images_encoded_whole():
+    """The world backbone's pixel path lays its batch out channels-last, as `preprocess_images` does, so the
+    convolutions take the same kernels: the features are bit for bit those of the old path (what the trainers'
+    goldens, tests/test_same_checkpoints.py, were made from)."""
+    import numpy as np
+    import torch
+    from PIL import Image
+    from foco.backbones.world import WorldBackbone, preprocess_images
+    rng = np.random.default_rng(0)
+    images = [Image.fromarray(rng.integers(0, 256, (40 + 7 * i, 52, 3), dtype=np.uint8)) for i in range(5)]
+    bb = WorldBackbone.__new__(WorldBackbone)
+    from foco.backbones.world import WorldCLIP
+    from test_train import SMALL
+    torch.manual_seed(0)
+    bb.model, bb.cfg, bb.device = WorldCLIP(SMALL).eval(), SMALL, torch.device("cpu")
+    with torch.inference_mode():
+        g_old, p_old = bb.model.image(preprocess_images(images, SMALL.image_size))
+    new = bb.encode_images(images)
+    assert torch.equal(torch.nn.functional.normalize(g_old, dim=-1).float(), new.global_)
+    assert torch.equal(p_old.float(), new.patches)

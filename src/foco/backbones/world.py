@@ -306,7 +306,10 @@ class WorldBackbone:
     def encode_pixels(self, pixels: torch.Tensor, device: str | torch.device = "cpu") -> ImageFeatures:
         """(B, 3, S, S) uint8 pixels of `image_transform` -> features, float32 on `device`; the pixels are copied to
         the backbone's device without blocking and scaled to [-1, 1] there."""
-        x = to_backbone_device(pixels, self.device).float().div(127.5).sub(1.0)  # (B, 3, S, S)
+        x = to_backbone_device(pixels, self.device)  # (B, 3, S, S) uint8
+        # channels-last, as `preprocess_images` lays an (B, S, S, 3) batch out: the convolutions take the same
+        # kernels, so the features are bit for bit those of the images encoded whole (and GPUs prefer it)
+        x = x.contiguous(memory_format=torch.channels_last).float().div(127.5).sub(1.0)
         global_, patches = self.model.image(x)  # (B, D), (B, P, D)
         return ImageFeatures(F.normalize(global_, dim=-1).float().to(device), patches.float().to(device),
                              global_.float().norm(dim=-1).to(device))  # (B,) the raw global's norm

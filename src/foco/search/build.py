@@ -73,7 +73,8 @@ class IndexConfig:
     retrain: bool = False  # train the vector index again instead of adding to it
     reencode: bool = False  # encode every image again: the backbone's weights changed since the index was built
     refine: int | None = None  # PQ indexes: the exact re-rank's shortlist factor (None: vectors.REFINE_PQ)
-    workers: int = 2  # DataLoader workers opening, hashing and preprocessing the files (0: in this process)
+    workers: int = 0  # DataLoader workers opening, hashing and preprocessing the files (0: in this process;
+                     # the CLI's --workers defaults to 2)
 
 
 @dataclass
@@ -389,7 +390,7 @@ def _encode(backbone, images: torch.Tensor | list[Image.Image] | None, rows: lis
 
 
 def update_index(out: str | Path, backbone=None, device: str = "cpu", retrain: bool = False,
-                 reencode: bool = False, workers: int = 2) -> IndexStats:
+                 reencode: bool = False, workers: int = 0) -> IndexStats:
     """`foco index update INDEX`: the same job with the settings recorded in INDEX/index.json; the vector index
     takes in what changed, and is trained again only with `retrain`. Weights of the backbone that changed since
     the index was built are refused, unless `reencode`: then every image is encoded again. `workers`: the
