@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import json
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -26,7 +25,7 @@ from typing import Any, Callable, Iterator, Sequence
 import torch
 
 from ..utils.io import load_image
-from .webdataset import IMAGE_EXTS
+from .webdataset import IMAGE_EXTS, tar_files
 
 
 @dataclass(frozen=True)
@@ -72,29 +71,20 @@ def index_tar(path: str | Path) -> list[TarSample]:
     (never its bytes), the caption from the .txt (else the .json's "caption"). Raises ValueError naming the shard
     when it is not a readable tar."""
     path = Path(path)
-    try:
-        tar = tarfile.open(path, "r")
-    except (tarfile.TarError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable tar shard ({exc})") from None
     samples: dict[str, dict[str, Any]] = {}
-    with tar:
-        for m in tar:
-            if not m.isfile():
-                continue
-            key, _, ext = Path(m.name).name.partition(".")
-            ext = "." + ext.lower()
-            entry = samples.setdefault(key, {})
-            if ext in IMAGE_EXTS and "image" not in entry:
-                entry["image"] = TarMember(str(path), m.offset_data, m.size, f"{path.name}#{key}")
-            elif ext == ".txt":
-                entry["caption"] = tar.extractfile(m).read().decode("utf-8", "replace").strip()
-            elif ext == ".json":
-                try:
-                    meta = json.loads(tar.extractfile(m).read().decode("utf-8"))
-                except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-                    raise ValueError(f"{path}: sample {key}: its .json is not valid JSON ({exc})") from None
-                if isinstance(meta, dict) and isinstance(meta.get("caption"), str):
-                    entry["meta_caption"] = meta["caption"]
+    for key, ext, m, tar in tar_files(path, ValueError):
+        entry = samples.setdefault(key, {})
+        if ext in IMAGE_EXTS and "image" not in entry:
+            entry["image"] = TarMember(str(path), m.offset_data, m.size, f"{path.name}#{key}")
+        elif ext == ".txt":
+            entry["caption"] = tar.extractfile(m).read().decode("utf-8", "replace").strip()
+        elif ext == ".json":
+            try:
+                meta = json.loads(tar.extractfile(m).read().decode("utf-8"))
+            except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+                raise ValueError(f"{path}: sample {key}: its .json is not valid JSON ({exc})") from None
+            if isinstance(meta, dict) and isinstance(meta.get("caption"), str):
+                entry["meta_caption"] = meta["caption"]
     return [TarSample(key, e.get("image"), e.get("caption", e.get("meta_caption"))) for key, e in samples.items()]
 
 

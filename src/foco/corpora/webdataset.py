@@ -63,30 +63,36 @@ def shard_paths(pattern: str) -> list[Path]:
     return paths
 
 
-def iter_shard(path: Path, with_images: bool = True) -> Iterator[Sample]:
-    """The samples of one tar shard, in order; a sample without an image and a caption is an error naming it."""
+def tar_files(path: str | Path, error: type[Exception] = ManifestError
+              ) -> Iterator[tuple[str, str, tarfile.TarInfo, tarfile.TarFile]]:
+    """(key, extension lowercased with its dot, member, the open tar) of every file of shard `path`, in the tar's
+    order: the one walk over a shard's headers that every reader shares. A shard that is not a readable tar raises
+    `error` naming it."""
     try:
         tar = tarfile.open(path, "r")
     except (tarfile.TarError, OSError) as exc:
-        raise ManifestError(f"{path}: not a readable tar shard ({exc})") from None
+        raise error(f"{path}: not a readable tar shard ({exc})") from None
     with tar:
-        current: dict | None = None
         for member in tar:
-            if not member.isfile():
-                continue
-            name = Path(member.name).name
-            key, _, ext = name.partition(".")
-            ext = "." + ext.lower()
-            if current is None or current["key"] != key:
-                if current is not None:
-                    yield _sample(path, current)
-                current = {"key": key, "files": {}}
-            if ext in IMAGE_EXTS and not with_images:
-                current["files"][ext] = b""
-                continue
-            current["files"][ext] = tar.extractfile(member).read()
-        if current is not None:
-            yield _sample(path, current)
+            if member.isfile():
+                key, _, ext = Path(member.name).name.partition(".")
+                yield key, "." + ext.lower(), member, tar
+
+
+def iter_shard(path: Path, with_images: bool = True) -> Iterator[Sample]:
+    """The samples of one tar shard, in order; a sample without an image and a caption is an error naming it."""
+    current: dict | None = None
+    for key, ext, member, tar in tar_files(path):
+        if current is None or current["key"] != key:
+            if current is not None:
+                yield _sample(path, current)
+            current = {"key": key, "files": {}}
+        if ext in IMAGE_EXTS and not with_images:
+            current["files"][ext] = b""
+            continue
+        current["files"][ext] = tar.extractfile(member).read()
+    if current is not None:
+        yield _sample(path, current)
 
 
 def _sample(path: Path, s: dict) -> Sample:

@@ -28,7 +28,6 @@ import hashlib
 import io
 import json
 import os
-import tarfile
 import time
 from dataclasses import asdict, dataclass
 from functools import lru_cache
@@ -39,7 +38,7 @@ import numpy as np
 from PIL import Image
 
 from ..backbones import canonical_spec, create_backbone
-from ..corpora.webdataset import IMAGE_EXTS, expand_pattern, shard_paths
+from ..corpora.webdataset import IMAGE_EXTS, expand_pattern, shard_paths, tar_files
 from ..utils.io import atomic_write_text, read_json
 from ..utils.progress import Bar
 from .build import FORMAT_VERSION, IndexConfig, IndexStats, _exclusive, _stamps, _vector_index, read_meta
@@ -128,27 +127,18 @@ def scan_shard(path: Path) -> list[list]:
     [key, image offset, image bytes, sha256, width, height, url, caption]; a sample without an image is an error
     naming it (extraction refuses it too)."""
     out: list[list] = []
-    try:
-        tar = tarfile.open(path, "r")
-    except (tarfile.TarError, OSError) as exc:
-        raise ValueError(f"{path}: not a readable tar shard ({exc})") from None
-    with tar:
-        current: dict | None = None
-        for member in tar:
-            if not member.isfile():
-                continue
-            key, _, ext = Path(member.name).name.partition(".")
-            ext = "." + ext.lower()
-            if current is None or current["key"] != key:
-                if current is not None:
-                    out.append(_sample(path, current))
-                current = {"key": key, "images": {}}
-            if ext in IMAGE_EXTS:
-                current["images"][ext] = (member.offset_data, tar.extractfile(member).read())
-            elif ext in (".json", ".txt"):
-                current[ext] = tar.extractfile(member).read()
-        if current is not None:
-            out.append(_sample(path, current))
+    current: dict | None = None
+    for key, ext, member, tar in tar_files(path, ValueError):
+        if current is None or current["key"] != key:
+            if current is not None:
+                out.append(_sample(path, current))
+            current = {"key": key, "images": {}}
+        if ext in IMAGE_EXTS:
+            current["images"][ext] = (member.offset_data, tar.extractfile(member).read())
+        elif ext in (".json", ".txt"):
+            current[ext] = tar.extractfile(member).read()
+    if current is not None:
+        out.append(_sample(path, current))
     return out
 
 

@@ -54,7 +54,8 @@ def plan_columns(B: int, max_negatives: int | None, generator: torch.Generator |
 def plan_on(plan: NegativePlan, device: torch.device) -> NegativePlan:
     """The plan (drawn on the CPU from the CPU generator, so that every device draws the same negatives) on
     `device`."""
-    return NegativePlan(plan.neg_k.to(device, non_blocking=True), plan.columns.to(device, non_blocking=True))
+    from ..utils.device import to_device  # pinned, then a copy that does not wait for the GPU's queue
+    return NegativePlan(to_device(plan.neg_k, device), to_device(plan.columns, device))
 
 
 def _phi(logits: torch.Tensor, sign: float) -> torch.Tensor:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import os
-import tarfile
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +25,8 @@ import torch
 import torch.nn.functional as F
 from PIL import Image
 
-from ..corpora.webdataset import IMAGE_EXTS, shard_paths
+from ..corpora.webdataset import IMAGE_EXTS, shard_paths, tar_files
+from ..utils.device import to_device
 from ..utils.progress import Bar
 from .data import TrainBatch
 
@@ -105,22 +105,13 @@ def index_shards(pattern: str) -> tuple[list[str], np.ndarray]:
     rows = []
     bar = Bar(len(paths), "indexing shards")
     for s, path in enumerate(paths):
-        try:
-            tar = tarfile.open(path, "r")
-        except (tarfile.TarError, OSError) as exc:
-            raise ValueError(f"{path}: not a readable tar shard ({exc})") from None
-        with tar:
-            samples: dict[str, dict] = {}
-            for m in tar:
-                if not m.isfile():
-                    continue
-                key, _, ext = Path(m.name).name.partition(".")
-                ext = "." + ext.lower()
-                entry = samples.setdefault(key, {})
-                if ext in IMAGE_EXTS:
-                    entry["image"] = (m.offset_data, m.size)
-                elif ext == ".txt":
-                    entry["caption"] = (m.offset_data, m.size)
+        samples: dict[str, dict] = {}
+        for key, ext, m, _ in tar_files(path, ValueError):
+            entry = samples.setdefault(key, {})
+            if ext in IMAGE_EXTS:
+                entry["image"] = (m.offset_data, m.size)
+            elif ext == ".txt":
+                entry["caption"] = (m.offset_data, m.size)
         for key, entry in samples.items():
             if "image" not in entry or "caption" not in entry:
                 raise ValueError(f"{path}: sample {key} needs an image and a .txt caption for --online")
@@ -205,7 +196,7 @@ class OnlinePairTable:
         mask = prep["mask"]  # (B, K) bool, on the CPU
         B, K, dev, bb = mask.shape[0], self.k, self.device, self.backbone
         n = int(mask.sum())  # the pairs that exist (a CPU count: no device sync)
-        present = mask.reshape(-1).nonzero().flatten().to(dev, non_blocking=True)  # (n,)
+        present = to_device(mask.reshape(-1).nonzero().flatten(), dev)  # (n,) pinned, copied without waiting
         im = bb.encode_pixels(prep["pixels"], device=dev)  # pixels (B, 3, H, W) uint8
         # out of the backbone's inference mode: tensors the trained modules may save for their backward
         g, patches = F.normalize(im.global_.clone().float(), dim=-1), im.patches.clone().float()
@@ -220,5 +211,5 @@ class OnlinePairTable:
             tokens[present] = (ctx.tokens.clone().float()[:, :L] * ctx.mask[:, :L, None])
             tmask[present] = ctx.mask[:, :L].clone()
         return TrainBatch(image_global=g, patches=patches, local=local.view(B, K, -1),
-                          local_mask=mask.to(dev, non_blocking=True), ctx_tokens=tokens.view(B, K, L, -1),
+                          local_mask=to_device(mask, dev), ctx_tokens=tokens.view(B, K, L, -1),
                           ctx_mask=tmask.view(B, K, L))
