@@ -39,8 +39,13 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
         if mapper == "vsi":  # as trained: the injection's output map is no longer its zero start
             torch.nn.init.normal_(composer.mapper.out.weight, std=0.5)
         composer.save(root / method)
+    from foco.methods.adafocal import AdaFocalConfig, AdaFocalModel
+    from foco.model.caam import CAAMConfig
+    AdaFocalModel(AdaFocalConfig(foco=FoCoConfig(dim=32, heads=4), caam=CAAMConfig(dim=32, heads=4))).save(
+        root / "adafocal")
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco-edits", pic2word=root / "p2w", slerp_alpha=0.3,
-                         pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb)
+                         pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb,
+                         adafocal=root / "adafocal")
 
 
 def _batch(world_bb, n=5):  # noqa: F811

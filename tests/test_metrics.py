@@ -116,3 +116,41 @@ def test_the_results_table_is_markdown_with_a_separator_cell_per_column():
     assert table[0] == "| part | method | R@1 | R@5 | mAP@5 |" and set(cells) == {5}, table
     assert table[1] == "|---|---|---|---|---|"
     assert "| world/multi | foco | - | - | 12.50 |" in table
+
+
+def naive_instance_recall(scores, query_instances, gallery_instances, k, exclude=None):
+    """R_ID@K written out: sort each row (ties by gallery order), drop the reference, look at the first k images."""
+    hits = 0
+    for q, row in enumerate(scores.tolist()):
+        order = [j for j in sorted(range(len(row)), key=lambda j: (-row[j], j)) if exclude is None or j != exclude[q]]
+        hits += any(query_instances[q] in gallery_instances[j] for j in order[:k])
+    return 100.0 * hits / len(query_instances)
+
+
+def test_instance_recall_matches_naive_and_is_not_recall():
+    from foco.index import ExactIndex
+    from foco.metrics import instance_recall_at_k
+    g = torch.Generator().manual_seed(1)
+    names = ["a", "b", "c", "d", "e"]
+    for trial in range(20):
+        Q, N, D = 11, 30, 6
+        rnd = random.Random(trial)
+        gallery_instances = [rnd.sample(names, rnd.randint(0, 2)) for _ in range(N)]  # 0-2 instances an image
+        query_instances = [rnd.choice(names + ["unseen"]) for _ in range(Q)]
+        scores = torch.randint(0, 5, (Q, N), generator=g).float()  # ties
+        for k in (1, 2, 5, 30):
+            assert instance_recall_at_k(rank_by_score(scores), query_instances, gallery_instances, k) == \
+                naive_instance_recall(scores, query_instances, gallery_instances, k)
+        # the reference removed, as the benchmark's ranking does
+        gal, qs = torch.nn.functional.normalize(torch.randn(N, D, generator=g), dim=-1), torch.randn(Q, D, generator=g)
+        exclude = torch.randint(0, N, (Q,), generator=g)
+        index = ExactIndex(D)
+        index.add(gal)
+        _, ranking = index.search(qs, 5, exclude=exclude)
+        assert instance_recall_at_k(ranking, query_instances, gallery_instances, 5) == \
+            naive_instance_recall(qs @ gal.T, query_instances, gallery_instances, 5, exclude.tolist())
+    # the top image shows the instance without being the target: R_ID@1 counts it, R@1 does not
+    ranking = torch.tensor([[2, 0, 1]])
+    assert instance_recall_at_k(ranking, ["x"], [["x"], [], ["y", "x"]], 1) == 100.0
+    assert recall_at_k(ranking, [[0]], 1) == 0.0
+    assert instance_recall_at_k(ranking, ["z"], [["x"], [], ["y", "x"]], 3) == 0.0

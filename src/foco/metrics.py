@@ -5,7 +5,7 @@ a list, per query, of target gallery indices. Results are percentages (0-100), a
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Collection, Sequence
 
 import torch
 
@@ -32,6 +32,26 @@ def diagonal_recalls(scores: torch.Tensor, ks: Sequence[int] = (1, 5, 10)) -> di
     ranking = rank_by_score(scores, max(ks))
     targets = [[q] for q in range(scores.shape[0])]
     return {f"R@{k}": recall_at_k(ranking, targets, k) for k in ks}
+
+
+def instance_recall_at_k(ranking: torch.Tensor, query_instances: Sequence[str],
+                         gallery_instances: Sequence[Collection[str]], k: int) -> float:
+    """OACIR's R_ID@K: 100 * mean over queries of [an image within the first k shows the query's instance].
+
+    Args:
+        ranking: (Q, >=k) gallery indices, best first (the reference already removed, as for R@K).
+        query_instances: (Q,) the identity of each query's anchored instance.
+        gallery_instances: (N,) per gallery item, the identities of the instances it shows.
+    It is `recall_at_k` with "shows the instance" as the relevant set: OACIRR's official evaluation counts a hit
+    when a top-k image is in the target's instance folder, one instance per image; here an image may show several.
+    """
+    if ranking.shape[0] != len(query_instances):
+        raise ValueError(f"{ranking.shape[0]} rankings for {len(query_instances)} queries")
+    showing: dict[str, list[int]] = {}  # instance -> gallery indices that show it
+    for i, shown in enumerate(gallery_instances):
+        for inst in set(shown):
+            showing.setdefault(str(inst), []).append(i)
+    return recall_at_k(ranking, [showing.get(str(inst), []) for inst in query_instances], k)
 
 
 def subset_recall_at_k(subset_rankings: Sequence[Sequence[int]], targets: Sequence[Sequence[int]], k: int) -> float:

@@ -61,6 +61,8 @@ class EvalProtocol:
     recall_ks: tuple[int, ...] = ()  # R@K: over the shared gallery, or over the query's own gallery (GeneCIS)
     subset_ks: tuple[int, ...] = ()  # CIRR's Recall_subset@K over the subset members minus the reference
     map_ks: tuple[int, ...] = ()  # CIRCO's mAP@K
+    instance_ks: tuple[int, ...] = ()  # OACIR's R_ID@K: a top-K image shows the query's anchored instance
+    average: tuple[str, ...] = ()  # metrics averaged into "Avg" (OACIRR's tables: R_ID@1, R@1, R@5)
     submission: str | None = None  # "cirr" or "circo": the test server's file format for rankings
     parts_averaged: bool = True  # the parts are categories or tasks of one table, averaged (FashionIQ, GeneCIS);
                                  # False: each part is a protocol of its own, reported side by side (the world's)
@@ -75,6 +77,9 @@ class CIRQuery:
     subset: list[str] = field(default_factory=list)  # CIRR img_set members, the reference included
     gallery: list[str] | None = None  # GeneCIS: the query's own gallery, [target] + distractors
     category: str | None = None  # FashionIQ category, GeneCIS task, world edit type
+    instance: str | None = None  # OACIR: the identity of the anchored instance (R_ID@K)
+    box: tuple[float, float, float, float] | None = None  # OACIR: x0, y0, x1, y1 in pixels of the reference
+    box_size: tuple[int, int] | None = None  # the reference's W, H in pixels, the frame of `box`
 
 
 @dataclass
@@ -88,6 +93,7 @@ class CIRBenchmark:
     discarded: int = 0  # annotation entries the official evaluation leaves out (GeneCIS: non-modal galleries)
     options: dict[str, Any] = field(default_factory=dict)  # reader options in force, reported with results
     source: dict[str, Any] = field(default_factory=dict)  # what it was read from (the world's fingerprint); checked
+    instances: dict[str, tuple[str, ...]] = field(default_factory=dict)  # OACIR: gallery id -> instances it shows
 
     @property
     def has_targets(self) -> bool:

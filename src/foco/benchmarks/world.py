@@ -17,7 +17,7 @@ import torch
 from ..features import FeatureCache
 from ..world.generate import world_fingerprint
 from ..world.manifest import described_record, load_benchmark, pictures_fingerprint, restaged_record
-from .base import BenchmarkReader, CIRBenchmark, CIRQuery, ImageRef, ReaderOption
+from .base import BenchmarkReader, CIRBenchmark, CIRQuery, EvalProtocol, ImageRef, ReaderOption
 from .cache import PartFeatures
 from .circo import PROTOCOL as CIRCO
 from .cirr import PROTOCOL as CIRR
@@ -25,7 +25,10 @@ from .cirr import PROTOCOL as CIRR
 _OWN = {"submission": None, "parts_averaged": False}  # no test server; each protocol is reported on its own
 PROTOCOLS = {"single": replace(CIRR, **_OWN), "multi": replace(CIRCO, **_OWN),
              "described": replace(CIRR, **_OWN),  # `single` with described text (`foco.world.described`)
-             "restaged": replace(CIRR, **_OWN)}  # `described` over a redrawn gallery (`foco.world.restaged`)
+             "restaged": replace(CIRR, **_OWN),  # `described` over a redrawn gallery (`foco.world.restaged`)
+             # OACIR (`foco.world.oacir`): a box anchors the instance to keep; OACIRR's metrics and their average
+             "oacir": EvalProtocol(remove_reference=True, recall_ks=(1, 5), instance_ks=(1,),
+                                   average=("R_ID@1", "R@1", "R@5"), **_OWN)}
 
 
 def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...] = ("single", "multi")
@@ -50,10 +53,18 @@ def read_world(root: str | Path, split: str = "test", protocols: tuple[str, ...]
                             category=edit or None)
                    for qid, ref, mod, targets, subset, edit in zip(b.query_ids, b.references, b.modifications,
                                                                    b.targets, b.subsets, b.edit_types)]
+        instances: dict[str, tuple[str, ...]] = {}
+        if protocol == "oacir":  # the box on each reference and the instances each image shows
+            from ..world.oacir import load_oacir
+            ann = load_oacir(root, split)
+            size = (ann.image_size, ann.image_size)
+            queries = [replace(q, instance=inst, box=tuple(float(v) for v in box), box_size=size)
+                       for q, inst, box in zip(queries, ann.instances, ann.boxes.tolist())]
+            instances = {g: tuple(ann.gallery_instances.get(g, ())) for g in b.gallery_ids}
         parts.append(CIRBenchmark(name=f"world/{protocol}", split=split,
                                   images={g: ImageRef(p) for g, p in zip(b.gallery_ids, b.gallery_images)},
                                   gallery=list(b.gallery_ids), queries=queries, protocol=PROTOCOLS[protocol],
-                                  source=source))
+                                  source=source, instances=instances))
     return parts
 
 

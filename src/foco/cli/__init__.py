@@ -8,11 +8,11 @@ import logging
 import os
 import sys
 
-from . import (ablate, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search, serve,
-               train, world)
+from . import (ablate, adafocal, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search,
+               serve, train, world)
 
-GROUPS = (world, backbone, train, pic2word, lincir, composers, evaluate, ablate, decompose, edits, quickstart, search,
-          serve)
+GROUPS = (world, backbone, train, pic2word, lincir, adafocal, composers, evaluate, ablate, decompose, edits, quickstart,
+          search, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,4 +1,4 @@
-"""`foco world generate | ambiguous | verify | describe | restage | export`: the embedded synthetic world."""
+"""`foco world generate | ambiguous | oacir | verify | describe | restage | export`: the embedded synthetic world."""
 from __future__ import annotations
 
 import argparse
@@ -32,6 +32,20 @@ def _ambiguous(a: argparse.Namespace) -> int:
     summary = generate_ambiguous_split(a.world, a.split, n_queries=a.queries, out=a.out)
     print(f"ambiguous benchmark {split_name(a.split)}/single written under {a.out or a.world}: "
           f"{summary['queries']} queries, {summary['gallery']} gallery images, boxes as {summary['box_format']}")
+    return 0
+
+
+def _oacir(a: argparse.Namespace) -> int:
+    from ..world.oacir import generate_oacir, oacir_statistics
+    splits = tuple(s.strip() for s in a.splits.split(",") if s.strip())
+    root = Path(a.out or a.world)
+    for split, s in generate_oacir(a.world, splits, n_queries=a.queries, out=a.out).items():
+        st = oacir_statistics(root, split)
+        edits = ", ".join(f"{k} {v}" for k, v in st["edit_types"].items())
+        print(f"OACIR protocol of {split} written under {root}/benchmarks/{split}/oacir: {s['queries']} quadruples, "
+              f"{s['gallery']} gallery images, boxes as {s['box_format']}; per query "
+              f"{st['instance_distractors_mean']:.2f} instance distractors (min {st['instance_distractors_min']}), "
+              f"{st['context_distractors_mean']:.2f} context distractors; edits: {edits}")
     return 0
 
 
@@ -101,6 +115,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
     add_owned_output(am, kind="world")
     am.set_defaults(func=_ambiguous)
+    oa = world.add_parser("oacir", help="the OACIR protocol: marked shape instances, a box that anchors one, and a "
+                                        "text that changes its context")
+    oa.add_argument("--world", required=True, help="world folder (foco world generate --out)")
+    oa.add_argument("--splits", default="train,val,test",
+                    help="splits to write, comma-separated, from train, val, test (default all three)")
+    oa.add_argument("--queries", type=positive_int, default=None,
+                    help="queries per split (default: the world's val_single / test_single, train 4 x test_single)")
+    oa.add_argument("--out", default=None, help="root to write under (default: the world folder)")
+    oa.set_defaults(func=_oacir)
     v = world.add_parser("verify", help="check every manifest and image of a world folder")
     v.add_argument("world")
     v.set_defaults(func=_verify)

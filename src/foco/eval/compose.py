@@ -15,6 +15,7 @@ from ..backbones.base import ImageFeatures
 from ..benchmarks.base import CIRBenchmark
 from ..benchmarks.cache import PartFeatures
 from ..methods.base import QueryBatch, QueryMethod
+from ..model.box import centre_square_mask
 from ..model.encoder import ComposedQuery
 from ..utils.device import move
 
@@ -25,6 +26,20 @@ def reference_rows(bench: CIRBenchmark, feats: PartFeatures) -> torch.Tensor:
     return torch.tensor([pos[q.reference] for q in bench.queries], dtype=torch.long)
 
 
+def box_masks(bench: CIRBenchmark, num_patches: int, min_cover: float = 0.25) -> torch.Tensor | None:
+    """(Q, P) bool: each query's patches inside its box (OACIR; `foco.model.box.centre_square_mask`); rows of
+    queries without a box are all False. None when no query has a box."""
+    if not any(q.box is not None for q in bench.queries):
+        return None
+    unsized = [q.id for q in bench.queries if q.box is not None and q.box_size is None]
+    if unsized:
+        raise ValueError(f"{bench.name}: query {unsized[0]} has a box but not the size of the image it is drawn in")
+    nan = (float("nan"),) * 4
+    boxes = torch.tensor([q.box if q.box is not None else nan for q in bench.queries], dtype=torch.float32)
+    sizes = torch.tensor([q.box_size or (1, 1) for q in bench.queries], dtype=torch.float32)  # (Q, 2)
+    return centre_square_mask(boxes, sizes, num_patches, min_cover)
+
+
 def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch_size: int = 256,
             anchors: torch.Tensor | None = None, attn_bias: torch.Tensor | None = None) -> ComposedQuery:
     """One composed query per benchmark query.
@@ -32,6 +47,8 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
     Args:
         anchors: (Q, D) a separate F_Aggr anchor per query (T_m decomposed); methods that read anchors only.
         attn_bias: (Q, P) additive F_Aggr attention logits per query (box anchoring); likewise.
+    A method that reads boxes (`reads_box`, AdaFocal) gets each batch's `box_mask` from the queries' boxes; every
+    other method composes as it would without them (the zero-shot methods "as they are").
     Returns:
         query (Q, D) float32; attention (Q, P) when the method has one and each query has one text variant; both on
         the method's device (`QueryMethod.device`), where every batch is composed.
@@ -42,6 +59,7 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
     if len(n_variants) != 1:
         raise ValueError(f"{bench.name}: queries have different numbers of text variants {sorted(n_variants)}")
     ref_rows = reference_rows(bench, feats)  # (Q,)
+    masks = box_masks(bench, feats.references.patches.shape[1]) if method.reads_box else None  # (Q, P) or None
     text_pos = {t: i for i, t in enumerate(feats.text_ids)}
     queries, attention = [], []
     for v in range(n_variants.pop()):
@@ -56,7 +74,8 @@ def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch
                 modification=feats.texts.take(t),  # read from the cache now
                 texts=texts[s:s + batch_size],
                 anchor=None if anchors is None else anchors[s:s + batch_size],
-                attn_bias=None if attn_bias is None else attn_bias[s:s + batch_size])
+                attn_bias=None if attn_bias is None else attn_bias[s:s + batch_size],
+                box_mask=None if masks is None else masks[s:s + batch_size])
             batch = move(batch, method.device)  # pinned, non-blocking on CUDA
             with torch.inference_mode():
                 cq = method.encode(batch)

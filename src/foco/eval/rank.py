@@ -12,7 +12,7 @@ import torch
 
 from .chord import chord_scores_candidates, chord_search
 from ..index import ExactIndex
-from ..metrics import map_at_k, recall_at_k, subset_recall_at_k
+from ..metrics import instance_recall_at_k, map_at_k, recall_at_k, subset_recall_at_k
 from ..benchmarks.base import CIRBenchmark
 
 SUBMISSION_DEPTH = 50  # CIRR's and CIRCO's servers take the top 50 of each query
@@ -31,7 +31,7 @@ class Rankings:
 def ranking_depth(bench: CIRBenchmark) -> int:
     """How much of the shared-gallery ranking the metrics (and a submission) need."""
     p = bench.protocol
-    return max([*p.recall_ks, *p.map_ks, SUBMISSION_DEPTH if p.submission else 1])
+    return max([*p.recall_ks, *p.map_ks, *p.instance_ks, SUBMISSION_DEPTH if p.submission else 1])
 
 
 @dataclass
@@ -112,9 +112,19 @@ def score(bench: CIRBenchmark, r: Rankings) -> dict[str, float]:
         return {f"R@{k}": subset_recall_at_k(r.own, targets, k) for k in p.recall_ks}
     pos = {g: i for i, g in enumerate(r.gallery_ids)}
     targets = [[pos[t] for t in q.targets] for q in bench.queries]
-    out = {f"R@{k}": recall_at_k(r.full, targets, k) for k in p.recall_ks}
+    out = {}
+    if p.instance_ks:  # OACIR: the anchored instance's identity, whatever its context
+        missing = [q.id for q in bench.queries if q.instance is None]
+        if missing:
+            raise ValueError(f"{bench.name}: {len(missing)} queries without an instance for R_ID@K, e.g. {missing[0]}")
+        shown = [bench.instances.get(g, ()) for g in r.gallery_ids]
+        out.update({f"R_ID@{k}": instance_recall_at_k(r.full, [q.instance for q in bench.queries], shown, k)
+                    for k in p.instance_ks})
+    out.update({f"R@{k}": recall_at_k(r.full, targets, k) for k in p.recall_ks})
     out.update({f"Rs@{k}": subset_recall_at_k(r.subset, targets, k) for k in p.subset_ks})
     out.update({f"mAP@{k}": map_at_k(r.full, targets, k) for k in p.map_ks})
+    if p.average:
+        out["Avg"] = sum(out[m] for m in p.average) / len(p.average)
     return out
 
 

@@ -29,6 +29,7 @@ METHODS.register("text", "foco.methods.text_only:TextOnly")
 METHODS.register("sum", "foco.methods.simple:ImageTextSum")
 METHODS.register("foco+rule", "foco.methods.foco:FoCoRule")  # T_m decomposed at inference (paper §3.4)
 METHODS.register("foco+llm", "foco.methods.foco:FoCoLLM")
+METHODS.register("adafocal", "foco.methods.adafocal:AdaFocalMethod")  # OACIR, supervised
 
 DEFAULT_METHODS = ("foco", "image", "text", "sum")
 

@@ -30,6 +30,7 @@ class QueryBatch:
     texts: Sequence[str]  # the B modification texts themselves
     anchor: torch.Tensor | None = None  # (B, D) a separate F_Aggr anchor text (T_m decomposed); None: T_m
     attn_bias: torch.Tensor | None = None  # (B, P) additive F_Aggr attention logits (box anchoring)
+    box_mask: torch.Tensor | None = None  # (B, P) bool, patches inside the box (methods with `reads_box`)
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class QueryMethod:
     needs_text_tower: ClassVar[bool] = False
     reads_patches: ClassVar[bool] = False
     reads_anchor: ClassVar[bool] = False
+    reads_box: ClassVar[bool] = False  # uses `QueryBatch.box_mask` (AdaFocal)
     options: ClassVar[tuple[MethodOption, ...]] = ()  # the method's own options (`MethodOption`)
     served: ClassVar[bool] = True  # offered by `foco serve` / `foco search` when its weights folders are given
 

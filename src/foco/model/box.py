@@ -69,3 +69,15 @@ def box_attention_bias(boxes: torch.Tensor, beta: float, image_size: int | tuple
 def attention_mass(attention: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(B, P) attention (summing to 1 over P) and (B, P) bool mask -> (B,) attention mass inside the mask."""
     return (attention * mask.float()).sum(-1)
+
+
+def centre_square_mask(boxes: torch.Tensor, sizes: torch.Tensor, num_patches: int, min_cover: float = 0.25
+                       ) -> torch.Tensor:
+    """(Q, 4) boxes x0, y0, x1, y1 in pixels of references of (Q, 2) sizes W, H (NaN rows: no box) -> (Q, P) bool
+    patches inside each box, on the square patch grid of the reference's centre square: what CLIP's processor
+    keeps (resize, centre crop); the whole image when it is square (the world's)."""
+    boxes, sizes = boxes.float(), sizes.float()  # (Q, 4), (Q, 2)
+    side = sizes.amin(1, keepdim=True)  # (Q, 1)
+    offset = ((sizes - side) / 2).repeat(1, 2)  # (Q, 4): ox, oy, ox, oy
+    unit = ((boxes - offset) / side).clamp(0.0, 1.0)  # (Q, 4) in [0, 1]; NaN stays NaN
+    return box_patch_mask(unit, (1, 1), patch_grid(num_patches), min_cover)

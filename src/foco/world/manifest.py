@@ -5,10 +5,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..decompose.schema import Decomposition
-from ..utils.io import ManifestError, read_jsonl
+from ..utils.io import ManifestError, read_json, read_jsonl, sha256_file
 
 
 SINGLE_LIKE = ("single", "described", "restaged")  # one target per query, a 6-image subset: CIRR's protocol
+OACIR_RECORD, OACIR_FILES = "oacir.json", ("gallery.jsonl", "queries.jsonl")
+OACIR = "oacir"  # one target per query too, with a larger subset (`foco.world.oacir`)
 
 
 @dataclass
@@ -90,7 +92,7 @@ def _load_benchmark(root: Path, split: str, protocol: str) -> WorldBenchmark:
     _check_unique(base / "gallery.jsonl", gids)
     known = set(gids)
     qpath = base / "queries.jsonl"
-    target_key = "target" if protocol in SINGLE_LIKE else "targets"
+    target_key = "target" if protocol in SINGLE_LIKE or protocol == OACIR else "targets"
     queries = read_jsonl(qpath, required=("id", "reference", "modification", target_key))
     bench = WorldBenchmark(protocol, gids, [root / g["image"] for g in gallery], [], [], [], [], [], [])
     for lineno, q in enumerate(queries, 1):
@@ -114,6 +116,8 @@ def _load_benchmark(root: Path, split: str, protocol: str) -> WorldBenchmark:
             raise ManifestError(f"{qpath}:{lineno}: the edit is not an object")
         bench.edit_types.append(str(edit.get("type", "")))
     _check_unique(qpath, bench.query_ids)
+    if protocol == OACIR:  # its record's sha256, once the lines parsed (a damaged line is named by its number)
+        check_oacir(root, split)
     _check_count(root, f"benchmarks/{split}/{protocol}/gallery.jsonl", len(gids))
     _check_count(root, f"benchmarks/{split}/{protocol}/queries.jsonl", len(queries))
     return bench
@@ -159,7 +163,6 @@ def _hash_problem(root: Path, rel: str) -> str | None:
     """What is wrong with a manifest's bytes against the sha256 world.json recorded at generation, or None (also
     for a folder of manifests without world.json, a user's)."""
     from ..records import read
-    from ..utils.io import sha256_file
     summary = root / "world.json"
     if summary.exists() and not summary.is_file():
         raise ManifestError(f"{summary} is not a file: the world's record is damaged; regenerate the world")
@@ -190,7 +193,6 @@ DESCRIBED_FILES = ("gallery.jsonl", "queries.jsonl")
 
 def described_record(base: Path) -> dict | None:
     """described.json of a folder, or None when there is none; a damaged one is refused by name."""
-    from ..utils.io import read_json
     path = base / DESCRIBED_RECORD
     if not path.is_file():
         return None
@@ -280,3 +282,21 @@ def pictures_fingerprint(root: str | Path, split: str, protocol: str) -> str | N
     rec = restaged_record(Path(root) / "benchmarks" / split / "restaged") or {}
     blob = json.dumps(rec.get("images_sha256") or {}, sort_keys=True).encode()
     return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def check_oacir(root: str | Path, split: str) -> dict:
+    """oacir.json of `split`, checked against its two files. Raises FileNotFoundError (no record) or ValueError
+    (a damaged record, or files changed since), naming the file and the fix."""
+    base = Path(root) / "benchmarks" / split / OACIR
+    path = base / OACIR_RECORD
+    fix = f"regenerate it with `foco world oacir --world {root} --splits {split}`"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} is missing: the OACIR protocol of {split} is written by `foco world oacir "
+                                f"--world {root}`; an interrupted one is finished by running it again")
+    rec = read_json(path)
+    if not isinstance(rec, dict) or not isinstance(rec.get("manifests_sha256"), dict):
+        raise ValueError(f"{path} is not an OACIR record (no manifests_sha256); {fix}")
+    for f in OACIR_FILES:
+        if sha256_file(base / f) != rec["manifests_sha256"].get(f):
+            raise ValueError(f"{base / f} does not match the sha256 in {path} (edited since); {fix}")
+    return rec

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from PIL import Image, ImageDraw, ImageFilter
+from PIL import Image, ImageChops, ImageDraw, ImageFilter
 
 from .scene import Scene, WorldObject
-from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, SIZES
+from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, MARKS, SIZES
 
 SUPERSAMPLE = 3
 
@@ -116,6 +116,53 @@ def shape_mask(kind: str, side: int) -> Image.Image:
     return mask
 
 
+# Where a mark goes inside each shape: (centre x, centre y, half side) of a square in the shape's unit box [-1, 1]^2
+# (y down), chosen to lie in the shape's thick part (a triangle's lower half, a crescent's left horn, an arrow's
+# head); what still sticks out is cut off by the shape's mask.
+_MARK_BOX: dict[str, tuple[float, float, float]] = {
+    "circle": (0.0, 0.0, 0.5), "square": (0.0, 0.0, 0.55), "triangle": (0.0, 0.32, 0.36), "star": (0.0, 0.04, 0.32),
+    "heart": (0.0, 0.0, 0.45), "diamond": (0.0, 0.0, 0.4), "hexagon": (0.0, 0.0, 0.55), "cross": (0.0, 0.0, 0.42),
+    "crescent": (-0.55, 0.22, 0.32), "arrow": (0.35, 0.0, 0.32),
+}
+
+
+def mark_mask(kind: str, mark: str, side: int) -> Image.Image:
+    """An "L" mask of the instance mark `mark` of a `kind` shape filling a side x side box, inside the shape."""
+    if mark not in MARKS:
+        raise ValueError(f"unknown instance mark {mark!r}; choose from {', '.join(MARKS)}")
+    if kind not in _MARK_BOX:
+        raise ValueError(f"unknown shape kind {kind!r}")
+    mx, my, mh = _MARK_BOX[kind]
+    half = side / 2.0
+    r = max(2.0, mh * (half - 1))  # half side of the mark's box, pixels
+    ox, oy = half + mx * (half - 1), half + my * (half - 1)
+
+    def pt(u: float, v: float) -> tuple[float, float]:  # mark unit coordinates [-1, 1]^2 -> pixels
+        return (ox + u * r, oy + v * r)
+
+    def box(u0: float, v0: float, u1: float, v1: float) -> list[float]:
+        return [*pt(u0, v0), *pt(u1, v1)]
+
+    out = Image.new("L", (side, side), 0)
+    draw = ImageDraw.Draw(out)
+    stroke = max(2, int(round(0.38 * r)))
+    if mark == "dot":
+        draw.ellipse(box(-0.6, -0.6, 0.6, 0.6), fill=255)
+    elif mark == "ring":
+        draw.ellipse(box(-0.95, -0.95, 0.95, 0.95), outline=255, width=stroke)
+    elif mark == "bar":
+        draw.rectangle(box(-0.95, -0.24, 0.95, 0.24), fill=255)
+    elif mark == "slash":
+        draw.line([pt(-0.85, 0.85), pt(0.85, -0.85)], fill=255, width=stroke + 1)
+    elif mark == "two dots":
+        draw.ellipse(box(-0.95, -0.4, -0.15, 0.4), fill=255)
+        draw.ellipse(box(0.15, -0.4, 0.95, 0.4), fill=255)
+    else:  # corner: an L along the box's left and bottom edges
+        draw.rectangle(box(-0.95, -0.95, -0.5, 0.95), fill=255)
+        draw.rectangle(box(-0.95, 0.5, 0.95, 0.95), fill=255)
+    return ImageChops.multiply(out, shape_mask(kind, side))
+
+
 @lru_cache(maxsize=4096)
 def _stamp_rgba(path: str, side: int) -> Image.Image:
     """A stamp cut to its alpha bounding box and fitted into a side x side box (aspect kept)."""
@@ -204,8 +251,12 @@ def _draw_object(canvas: Image.Image, obj: WorldObject, stamps_root: Path | None
         outline = (20, 20, 20)
     else:
         mask = shape_mask(obj.kind, side)
+        if obj.mark is not None:  # drawn last, in the outline's colour; an object without one is drawn as ever
+            mark = mark_mask(obj.kind, obj.mark, side)
         if angle:
             mask = mask.rotate(angle, resample=Image.BICUBIC, expand=True)
+            if obj.mark is not None:
+                mark = mark.rotate(angle, resample=Image.BICUBIC, expand=True)
         colour = tuple(int(np.clip(c + d, 0, 255)) for c, d in zip(COLOURS[obj.colour], tint))
         fill = Image.new("RGB", mask.size, colour)
         outline = _outline_colour(COLOURS[obj.colour])
@@ -213,6 +264,8 @@ def _draw_object(canvas: Image.Image, obj: WorldObject, stamps_root: Path | None
     ring = mask.filter(ImageFilter.MaxFilter(2 * SUPERSAMPLE - 1 if SUPERSAMPLE > 1 else 3))
     canvas.paste(Image.new("RGB", mask.size, outline), (x0, y0), ring)
     canvas.paste(fill, (x0, y0), mask)
+    if obj.stamp is None and obj.mark is not None:
+        canvas.paste(Image.new("RGB", mark.size, outline), (x0, y0), mark)
 
 
 def render_scene(scene: Scene, stamps_root: str | Path | None = None, size: int = IMAGE_SIZE,

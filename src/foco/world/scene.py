@@ -20,6 +20,8 @@ class WorldObject:
         cell: the layout cell, 0 .. GRID*GRID-1, row-major.
         jitter: offset (dx, dy) of the object centre inside its cell, in pixels of the final image.
         stamp: path of the stamp image relative to the stamps folder, or None for a procedural shape.
+        mark: an instance mark from `MARKS` drawn inside a procedural shape (the OACIR protocol, `oacir.py`), or
+            None (the world's own objects: none). Captions and edit texts never mention it.
     """
 
     kind: str
@@ -28,11 +30,17 @@ class WorldObject:
     cell: int
     jitter: tuple[int, int] = (0, 0)
     stamp: str | None = None
+    mark: str | None = None
 
     @property
     def semantic(self) -> tuple[str, str, str]:
         """What a caption says about the object (its place is never described)."""
         return (self.kind, self.colour or "", self.size)
+
+    @property
+    def instance(self) -> tuple[str, str, str, str]:
+        """What tells two objects apart as instances: (kind, colour, size, mark), "" for an absent value."""
+        return (self.kind, self.colour or "", self.size, self.mark or "")
 
 
 @dataclass(frozen=True)
@@ -46,21 +54,25 @@ class Scene:
 
     def layout_key(self) -> tuple:
         """Equal for two scenes exactly when they render to the same image."""
-        return (self.background, tuple(sorted((o.cell, o.jitter, o.semantic, o.stamp) for o in self.objects)))
+        # an object's mark is part of the key only when it has one: the world's own keys are unchanged
+        return (self.background, tuple(sorted((o.cell, o.jitter, o.semantic, o.stamp)
+                                              + ((o.mark,) if o.mark is not None else ()) for o in self.objects)))
 
     def free_cells(self) -> list[int]:
         used = {o.cell for o in self.objects}
         return [c for c in range(GRID * GRID) if c not in used]
 
     def to_dict(self) -> dict[str, Any]:
+        # "mark" is written only when set, so a scene without marks gives the dict (and the bytes) it always did
         return {"background": self.background,
-                "objects": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(o).items()}
-                            for o in self.objects]}
+                "objects": [{k: (list(v) if isinstance(v, tuple) else v) for k, v in asdict(o).items()
+                             if not (k == "mark" and v is None)} for o in self.objects]}
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> "Scene":
         objs = tuple(WorldObject(kind=o["kind"], colour=o["colour"], size=o["size"], cell=int(o["cell"]),
-                                 jitter=(int(o["jitter"][0]), int(o["jitter"][1])), stamp=o.get("stamp"))
+                                 jitter=(int(o["jitter"][0]), int(o["jitter"][1])), stamp=o.get("stamp"),
+                                 mark=o.get("mark"))
                      for o in d["objects"])
         return Scene(background=d["background"], objects=objs)
 

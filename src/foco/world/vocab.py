@@ -50,6 +50,10 @@ BACKGROUNDS: dict[str, dict] = {
               "top": (20, 110, 170), "bottom": (10, 50, 110), "pattern": "waves"},
 }
 
+# Instance marks: small patterns drawn inside a procedural shape in its outline colour, so that two objects of one
+# kind, colour and size are told apart (the OACIR protocol, `oacir.py`). Captions and edit texts never name them.
+MARKS: tuple[str, ...] = ("dot", "ring", "bar", "slash", "two dots", "corner")
+
 IMAGE_SIZE = 64  # rendered side in pixels
 GRID = 2  # layout is a GRID x GRID array of cells; one object per cell
 MAX_OBJECTS = GRID * GRID

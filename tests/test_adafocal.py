@@ -1,0 +1,202 @@
+"""AdaFocal (OACIR): CAAM's modulation, the three variants, the supervised trainer and the method, on tiny tensors."""
+from __future__ import annotations
+
+import itertools
+import json
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from foco.backbones.base import ImageFeatures, TextFeatures
+from foco.methods import build_method
+from foco.methods.adafocal import AdaFocalConfig, AdaFocalMethod, AdaFocalModel
+from foco.methods.base import QueryBatch
+from foco.model.caam import CAAM, CAAMConfig, apply_bias_naive
+from foco.model.encoder import FoCoConfig, shape_fields
+from foco.train.adafocal import AdaFocalTrainConfig, Quadruples, quadruples_from_parts, train_adafocal
+
+D, P, L, B = 16, 16, 5, 3
+
+
+def tiny_foco(**kw) -> FoCoConfig:
+    return FoCoConfig(dim=D, heads=2, comp_depth=1, **{**shape_fields("compact"), **kw})
+
+
+def inputs(seed: int = 0, device: str = "cpu"):
+    g = torch.Generator().manual_seed(seed)
+    ref_g = F.normalize(torch.randn(B, D, generator=g), dim=-1)  # (B, D)
+    patches = torch.randn(B, P, D, generator=g)  # (B, P, D)
+    tokens = torch.randn(B, L, D, generator=g)  # (B, L, D)
+    mask = torch.ones(B, L, dtype=torch.bool)
+    mask[1, 3:] = False  # padding
+    box = torch.zeros(B, P, dtype=torch.bool)
+    box[0, [0, 1, 4, 5]] = True
+    box[1, 10] = True  # row 2: no box
+    return tuple(t.to(device) for t in (ref_g, patches, tokens, mask, box))
+
+
+CONFIGS = list(itertools.product(("mlp", "pool"), (True, False), ("scalar", "vector")))
+
+
+@pytest.mark.parametrize("crm,learnable,beta", CONFIGS)
+def test_caam_shapes_and_bias(crm, learnable, beta):
+    torch.manual_seed(0)
+    caam = CAAM(CAAMConfig(dim=D, probes=4, layers=2, heads=2, crm=crm, learnable_probes=learnable, beta=beta))
+    ref_g, patches, tokens, mask, box = inputs()
+    mod = caam(ref_g, patches, tokens, mask, box)
+    assert mod.beta.shape == ((B, 1) if beta == "scalar" else (B, P))
+    assert mod.bias.shape == (B, P)
+    assert torch.all(mod.beta > 0)  # softplus, starting near init_beta
+    assert torch.allclose(mod.beta, torch.full_like(mod.beta, 1.0), atol=0.2)
+    assert torch.all(mod.bias[~box] == 0)  # zero outside the box
+    assert torch.all(mod.bias[2] == 0)  # the row without a box
+    assert torch.all(mod.bias[box] > 0)
+    torch.testing.assert_close(mod.bias, apply_bias_naive(mod.beta, box))  # the slow, obvious twin
+
+
+def test_padding_is_ignored():
+    caam = CAAM(CAAMConfig(dim=D, probes=2, layers=1, heads=2)).eval()
+    ref_g, patches, tokens, mask, box = inputs()
+    changed = tokens.clone()
+    changed[1, 3:] = 100.0  # padded positions of row 1
+    a = caam(ref_g, patches, tokens, mask, box).beta
+    b = caam(ref_g, patches, changed, mask, box).beta
+    torch.testing.assert_close(a, b)
+
+
+def test_frozen_probes_get_no_gradient_and_learnable_ones_do():
+    ref_g, patches, tokens, mask, box = inputs()
+    frozen = CAAM(CAAMConfig(dim=D, probes=4, layers=1, heads=2, learnable_probes=False, seed=3))
+    assert "probes" not in dict(frozen.named_parameters()) and "probes" in frozen.state_dict()
+    frozen(ref_g, patches, tokens, mask, box).bias.sum().backward()
+    assert not frozen.probes.requires_grad and frozen.probes.grad is None
+    again = CAAM(CAAMConfig(dim=D, probes=4, layers=1, heads=2, learnable_probes=False, seed=3))
+    torch.testing.assert_close(again.probes, frozen.probes)  # seeded: the same fixed probes
+    learn = CAAM(CAAMConfig(dim=D, probes=4, layers=1, heads=2, learnable_probes=True))
+    learn(ref_g, patches, tokens, mask, box).bias.sum().backward()
+    assert learn.probes.grad is not None and learn.probes.grad.abs().sum() > 0
+
+
+def test_new_tensors_follow_the_inputs_device():
+    """On the meta device, any tensor made on the CPU in forward would fail to combine with the inputs."""
+    ref_g, patches, tokens, mask, box = inputs(device="meta")
+    for beta in ("scalar", "vector"):
+        caam = CAAM(CAAMConfig(dim=D, probes=2, layers=1, heads=2, beta=beta)).to("meta")
+        mod = caam(ref_g, patches, tokens, mask, box)
+        assert mod.bias.device.type == "meta" and mod.beta.device.type == "meta"
+    for variant in ("caam", "none", "fixed"):
+        model = AdaFocalModel(AdaFocalConfig(variant, tiny_foco(), CAAMConfig(dim=D, probes=2, layers=1, heads=2),
+                                             fixed_beta=2.0)).to("meta")
+        bias, _ = model.attention_bias(ImageFeatures(ref_g, patches), TextFeatures(ref_g, tokens, mask), box)
+        assert bias is None if variant == "none" else bias.device.type == "meta"
+
+
+def test_variants_and_box_effect():
+    torch.manual_seed(0)
+    ref_g, patches, tokens, mask, box = inputs()
+    ref, mod = ImageFeatures(ref_g, patches), TextFeatures(ref_g, tokens, mask)
+    caam_cfg = CAAMConfig(dim=D, probes=2, layers=1, heads=2)
+    none = AdaFocalModel(AdaFocalConfig("none", tiny_foco(), caam_cfg)).eval()
+    assert none.caam is None
+    torch.testing.assert_close(none(ref, mod, box).query, none(ref, mod, None).query)  # the box is ignored
+    fixed = AdaFocalModel(AdaFocalConfig("fixed", tiny_foco(), caam_cfg, fixed_beta=3.0)).eval()
+    fixed.encoder.load_state_dict(none.encoder.state_dict())
+    with_box, without = fixed(ref, mod, box), fixed(ref, mod, None)
+    inside = lambda att: (att * box.float()).sum(-1)  # noqa: E731
+    assert torch.all(inside(with_box.attention)[:2] > inside(without.attention)[:2])
+    torch.testing.assert_close(with_box.query[2], without.query[2])  # no box in row 2
+    with pytest.raises(ValueError, match="variant"):
+        AdaFocalModel(AdaFocalConfig("bogus", tiny_foco(), caam_cfg))
+
+
+def synthetic(n: int = 96, seed: int = 0) -> Quadruples:
+    """The target is the boxed patch's direction: only the box says which patch the query is about."""
+    g = torch.Generator().manual_seed(seed)
+    patches = torch.randn(n, P, D, generator=g)  # (N, P, D)
+    where = torch.randint(0, P, (n,), generator=g)  # (N,)
+    box = F.one_hot(where, P).bool()  # (N, P)
+    target = F.normalize(patches[torch.arange(n), where], dim=-1)  # (N, D)
+    tokens = torch.randn(n, L, D, generator=g)  # (N, L, D)
+    text = TextFeatures(F.normalize(tokens.mean(1), dim=-1), tokens, torch.ones(n, L, dtype=torch.bool))
+    return Quadruples(F.normalize(patches.mean(1), dim=-1), patches, text, box, target,
+                      [f"inst{i % 7}" for i in range(n)])
+
+
+def test_training_lowers_the_loss_and_the_checkpoint_reproduces_queries(tmp_path):
+    data = synthetic()
+    cfg = AdaFocalTrainConfig(variant="caam", caam=CAAMConfig(probes=2, layers=1, heads=2), foco=tiny_foco(
+        learn_bias=True), epochs=6, batch_size=32, lr=3e-3, seed=0, device="cpu")
+    model = train_adafocal(data, tmp_path / "run", cfg,
+                           meta={"provenance": {"backbone": {"spec": "world:test"}}})
+    log = [json.loads(line) for line in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    losses = [rec["loss"] for rec in log]
+    assert losses[-1] < losses[0]
+    record = json.loads((tmp_path / "run" / "adafocal.json").read_text())
+    assert record["variant"] == "caam" and record["provenance"]["backbone"]["spec"] == "world:test"
+    method = build_method("adafocal", opts=None, adafocal=tmp_path / "run")
+    assert isinstance(method, AdaFocalMethod) and method.reads_box
+    rows = torch.arange(8)
+    ref, mod, box, _ = data.batch(rows, "cpu")
+    loaded = method.encode(QueryBatch(ref, mod, ["t"] * 8, box_mask=box)).query
+    with torch.inference_mode():
+        torch.testing.assert_close(loaded, model(ref, mod, box).query)
+    with pytest.raises(ValueError, match="box_mask"):
+        method.encode(QueryBatch(ref, mod, ["t"] * 8, attn_bias=box.float()))
+
+
+def test_resumed_run_is_refused_without_resume(tmp_path):
+    data = synthetic(n=16)
+    cfg = AdaFocalTrainConfig(variant="none", foco=tiny_foco(), epochs=1, batch_size=8, device="cpu")
+    train_adafocal(data, tmp_path / "r", cfg)
+    with pytest.raises(FileExistsError):
+        train_adafocal(data, tmp_path / "r", cfg)
+    train_adafocal(data, tmp_path / "r", cfg, resume=True)  # done already: continues to the same end
+
+
+def test_quadruples_check_shapes():
+    data = synthetic(n=8)
+    with pytest.raises(ValueError, match="box_mask"):
+        Quadruples(data.ref_global, data.ref_patches, data.text, data.box_mask[:, :4], data.target_global,
+                   data.instance_ids)
+
+
+def test_quadruples_from_parts():
+    data = synthetic(n=4)
+    boxes = [(0, 0, 16, 16), (48, 48, 64, 64), (0, 0, 64, 64), None]
+    queries = [SimpleNamespace(id=f"q{i}", reference=f"r{i}", texts=(f"t{i}",), targets=[f"g{3 - i}"], box=boxes[i],
+                               box_size=None if boxes[i] is None else (64, 64), instance=f"i{i % 2}")
+               for i in range(4)]
+    bench = SimpleNamespace(name="world/oacir", split="train", queries=queries)
+
+    class Texts:
+        def take(self, rows):
+            return TextFeatures(data.text.global_[rows], data.text.tokens[rows], data.text.mask[rows])
+
+    feats = SimpleNamespace(reference_ids=[f"r{i}" for i in range(4)],
+                            references=ImageFeatures(data.ref_global, data.ref_patches),
+                            text_ids=[f"t{i}" for i in range(4)], texts=Texts(),
+                            gallery_ids=[f"g{i}" for i in range(4)], gallery=data.target_global)
+    q = quadruples_from_parts(bench, feats)
+    assert q.box_mask[0].nonzero().flatten().tolist() == [0]
+    assert q.box_mask[1].nonzero().flatten().tolist() == [15]
+    assert q.box_mask[2].all() and not q.box_mask[3].any()
+    torch.testing.assert_close(q.target_global, data.target_global.flip(0))
+    assert q.instance_ids == ["i0", "i1", "i0", "i1"]
+
+
+def test_cli_maps_flags_onto_the_config(monkeypatch, tmp_path):
+    from foco.cli import adafocal as cli
+    from foco.cli import main
+    seen = {}
+    monkeypatch.setattr(cli, "train_on_world", lambda *args: seen.setdefault("args", args))
+    rc = main(["adafocal", "train", "--features", "f", "--world", "w", "--out", str(tmp_path / "o"), "--variant",
+               "caam", "--probes", "4", "--layers", "1", "--crm", "pool", "--frozen-probes", "--beta", "vector",
+               "--epochs", "2", "--batch-size", "16", "--seed", "5", "--device", "cpu"])
+    assert rc == 0
+    features, world, split, out, cfg, resume = seen["args"]
+    assert (str(features), str(world), split) == ("f", "w", "train")
+    assert cfg.caam.probes == 4 and cfg.caam.layers == 1 and cfg.caam.crm == "pool"
+    assert not cfg.caam.learnable_probes and cfg.caam.beta == "vector"
+    assert (cfg.epochs, cfg.batch_size, cfg.seed, cfg.device) == (2, 16, 5, "cpu")
