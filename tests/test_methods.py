@@ -101,7 +101,7 @@ def test_registry_is_lazy_ordered_and_clear():
     from foco.benchmarks import BENCHMARKS
     from foco.decompose import DECOMPOSERS
     assert BACKBONES.names() == ["hf", "world"] and DECOMPOSERS.names() == ["oracle", "rule", "llm"]
-    assert BENCHMARKS.names() == ["fashioniq", "cirr", "circo", "genecis", "world"]
+    assert BENCHMARKS.names() == ["fashioniq", "cirr", "circo", "genecis", "world", "oacirr"]
     assert all(callable(BENCHMARKS.get(n).read) for n in BENCHMARKS.names())
 
 

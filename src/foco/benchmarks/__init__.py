@@ -29,6 +29,7 @@ BENCHMARKS.register("cirr", "foco.benchmarks.cirr:READER")
 BENCHMARKS.register("circo", "foco.benchmarks.circo:READER")
 BENCHMARKS.register("genecis", "foco.benchmarks.genecis:READER")
 BENCHMARKS.register("world", "foco.benchmarks.world:READER")
+BENCHMARKS.register("oacirr", "foco.benchmarks.oacirr:READER")
 
 
 def read_benchmark(name: str, root: str | Path, split: str = "val", check_files: bool = True,

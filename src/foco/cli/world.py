@@ -85,6 +85,12 @@ def _export(a: argparse.Namespace) -> int:
         print(f"world {split} pairs written to {a.out}: {s['samples']} samples in {s['shards']} shards; read them "
               f"with --in '{s['pattern']}'")
         return 0
+    if a.format == "oacirr":  # the OACIR protocol in OACIRR's layout (foco.benchmarks.export_oacirr)
+        from ..benchmarks.export_oacirr import export_oacirr
+        s = export_oacirr(a.world, a.out, (a.split,) if a.split else ("train", "val", "test"), force=a.force)
+        print(f"world OACIR written to {a.out} in the oacirr layout: " + ", ".join(
+            f"{k} -> {v['domain']} {v['file_split']} ({v['queries']} quadruples)" for k, v in s["splits"].items()))
+        return 0
     from ..benchmarks.export import export_world
     split = a.split or "val"
     summary = export_world(a.world, a.format, split, a.out, force=a.force, protocol=a.protocol)
@@ -131,7 +137,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
                                          "pairs as webdataset shards")
     ex.add_argument("--world", required=True, help="world folder (foco world generate --out)")
-    ex.add_argument("--format", required=True, choices=["cirr", "circo", "fashioniq", "genecis", "webdataset"],
+    ex.add_argument("--format", required=True,
+                    choices=["cirr", "circo", "fashioniq", "genecis", "oacirr", "webdataset"],
         help="the official layout to write; webdataset: image-caption pairs as img2dataset-style tar shards")
     ex.add_argument("--split", default=None, choices=["val", "test", "pretrain", "train", "backbone_val"],
                     help="benchmarks: val (default) or test, whose files carry no targets as the official ones "
