@@ -165,9 +165,10 @@ def test_quadruples_check_shapes():
 def test_quadruples_from_parts():
     data = synthetic(n=4)
     boxes = [(0, 0, 16, 16), (48, 48, 64, 64), (0, 0, 64, 64), None]
+    subsets = [["r0", "g3", "g0", "g1"], ["r1", "g2"], ["r2", "g1", "g0"], ["r3", "g0", "g2", "g3"]]
     queries = [SimpleNamespace(id=f"q{i}", reference=f"r{i}", texts=(f"t{i}",), targets=[f"g{3 - i}"], box=boxes[i],
-                               box_size=None if boxes[i] is None else (64, 64), instance=f"i{i % 2}")
-               for i in range(4)]
+                               box_size=None if boxes[i] is None else (64, 64), instance=f"i{i % 2}",
+                               subset=subsets[i]) for i in range(4)]
     bench = SimpleNamespace(name="world/oacir", split="train", queries=queries)
 
     class Texts:
@@ -184,6 +185,26 @@ def test_quadruples_from_parts():
     assert q.box_mask[2].all() and not q.box_mask[3].any()
     torch.testing.assert_close(q.target_global, data.target_global.flip(0))
     assert q.instance_ids == ["i0", "i1", "i0", "i1"]
+    # hard negatives: each subset without its reference and target, padded to the longest
+    assert q.hard_mask.tolist() == [[True, True], [False, False], [True, False], [True, True]]
+    torch.testing.assert_close(q.hard[0], data.target_global[[0, 1]])
+    torch.testing.assert_close(q.hard[2, 0], data.target_global[0])
+    torch.testing.assert_close(q.hard[3], data.target_global[[2, 3]])
+
+
+def test_hard_negatives_enter_the_loss_as_negatives_only():
+    from foco.train.adafocal import sigmoid_loss
+    from foco.methods.adafocal import AdaFocalConfig, AdaFocalModel
+    torch.manual_seed(0)
+    model = AdaFocalModel(AdaFocalConfig("none", tiny_foco(), CAAMConfig(dim=D, heads=2)))
+    q, t = F.normalize(torch.randn(3, D), dim=-1), F.normalize(torch.randn(3, D), dim=-1)
+    hard = F.normalize(torch.randn(3, 2, D), dim=-1)
+    none = torch.zeros(3, 2, dtype=torch.bool)
+    assert torch.equal(sigmoid_loss(model, q, t, (hard, none)), sigmoid_loss(model, q, t))  # masked out: no term
+    mask = torch.tensor([[True, False], [False, False], [True, True]])
+    scale, bias = model.encoder.log_scale_comp.exp(), model.encoder.bias_comp
+    extra = sum(-F.logsigmoid(-(scale * q[b] @ hard[b, m] + bias)) for b in range(3) for m in range(2) if mask[b, m])
+    torch.testing.assert_close(sigmoid_loss(model, q, t, (hard, mask)), sigmoid_loss(model, q, t) + extra / 3)
 
 
 def test_cli_maps_flags_onto_the_config(monkeypatch, tmp_path):
@@ -200,3 +221,20 @@ def test_cli_maps_flags_onto_the_config(monkeypatch, tmp_path):
     assert cfg.caam.probes == 4 and cfg.caam.layers == 1 and cfg.caam.crm == "pool"
     assert not cfg.caam.learnable_probes and cfg.caam.beta == "vector"
     assert (cfg.epochs, cfg.batch_size, cfg.seed, cfg.device) == (2, 16, 5, "cpu")
+
+
+def test_perturbed_boxes_have_the_asked_iou():
+    from foco.model.box import box_iou, perturb_boxes
+    g = torch.Generator().manual_seed(0)
+    x0y0 = torch.rand(50, 2, generator=g) * 40
+    boxes = torch.cat([x0y0, x0y0 + 4 + torch.rand(50, 2, generator=g) * 20], 1)  # (50, 4), not square
+    scaled = perturb_boxes(boxes, 0.8, shift=False, generator=g)
+    torch.testing.assert_close(box_iou(boxes, scaled), torch.full((50,), 0.8), atol=1e-5, rtol=0)
+    torch.testing.assert_close((scaled[:, :2] + scaled[:, 2:]) / 2, (boxes[:, :2] + boxes[:, 2:]) / 2)  # centred
+    moved = perturb_boxes(boxes, 0.5, shift=True, generator=g)
+    torch.testing.assert_close(box_iou(boxes, moved), torch.full((50,), 0.5), atol=1e-4, rtol=0)
+    size = lambda b: b[:, 2:] - b[:, :2]  # noqa: E731
+    torch.testing.assert_close(size(moved), size(boxes) / 0.8 ** 0.5)  # grown as "scale", then moved
+    assert ((moved[:, :2] + moved[:, 2:]) / 2 - (boxes[:, :2] + boxes[:, 2:]) / 2).norm(dim=1).min() > 0.1
+    with pytest.raises(ValueError, match="IoU"):
+        perturb_boxes(boxes, 0.9, shift=True, generator=g)

@@ -22,8 +22,10 @@ LAMBDA_GRID = ALPHA_GRID
 
 
 def headline_metric(protocol: EvalProtocol) -> str:
-    """The metric a choice optimises: mAP@10 (or the first mAP@K) where the protocol has mAP, else the smallest
-    R@K (R@1 for CIRR and the world's `single`, R@10 for FashionIQ)."""
+    """The metric a choice optimises: the protocol's average where it has one (OACIR), mAP@10 (or the first mAP@K)
+    where it has mAP, else the smallest R@K (R@1 for CIRR and the world's `single`, R@10 for FashionIQ)."""
+    if protocol.average:  # OACIR: the average of R_ID@1, R@1 and R@5, as its tables rank methods
+        return "Avg"
     if protocol.map_ks:
         return "mAP@10" if 10 in protocol.map_ks else f"mAP@{protocol.map_ks[0]}"
     return f"R@{min(protocol.recall_ks)}"

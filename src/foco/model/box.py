@@ -81,3 +81,42 @@ def centre_square_mask(boxes: torch.Tensor, sizes: torch.Tensor, num_patches: in
     offset = ((sizes - side) / 2).repeat(1, 2)  # (Q, 4): ox, oy, ox, oy
     unit = ((boxes - offset) / side).clamp(0.0, 1.0)  # (Q, 4) in [0, 1]; NaN stays NaN
     return box_patch_mask(unit, (1, 1), patch_grid(num_patches), min_cover)
+
+
+def box_iou(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """(Q, 4) and (Q, 4) boxes x0, y0, x1, y1 -> (Q,) intersection over union, row by row."""
+    ix = (torch.minimum(a[:, 2], b[:, 2]) - torch.maximum(a[:, 0], b[:, 0])).clamp_min(0)  # (Q,)
+    iy = (torch.minimum(a[:, 3], b[:, 3]) - torch.maximum(a[:, 1], b[:, 1])).clamp_min(0)  # (Q,)
+    inter = ix * iy
+    area = lambda x: (x[:, 2] - x[:, 0]) * (x[:, 3] - x[:, 1])  # noqa: E731
+    return inter / (area(a) + area(b) - inter)
+
+
+def perturb_boxes(boxes: torch.Tensor, iou: float, shift: bool, generator: torch.Generator,
+                  scale_iou: float = 0.8) -> torch.Tensor:
+    """AdaFocal's box robustness (its Table 10): (Q, 4) boxes -> (Q, 4) boxes at IoU `iou` with the originals.
+
+    shift=False ("scale"): each box grows about its centre by 1 / sqrt(iou) per side, so that its IoU is exactly
+    `iou`. shift=True ("scale + shift"): it grows to IoU `scale_iou`, then moves in a random direction (drawn from
+    `generator`) by the distance, found by bisection, at which the IoU falls to `iou`. Boxes are not clipped to the
+    image (the patch mask covers what lies inside)."""
+    boxes = boxes.float()
+    if not 0 < iou <= 1:
+        raise ValueError(f"IoU {iou} is outside (0, 1]")
+    if shift and not iou < scale_iou <= 1:
+        raise ValueError(f"a shift to IoU {iou} starts from a scaled IoU above it, not {scale_iou}")
+    s = 1.0 / math.sqrt(scale_iou if shift else iou)
+    centre = (boxes[:, :2] + boxes[:, 2:]) / 2  # (Q, 2)
+    half = (boxes[:, 2:] - boxes[:, :2]) / 2 * s  # (Q, 2)
+    grown = torch.cat([centre - half, centre + half], 1)  # (Q, 4)
+    if not shift:
+        return grown
+    angle = torch.rand(len(boxes), generator=generator) * 2 * math.pi  # (Q,)
+    direction = torch.stack([angle.cos(), angle.sin()], 1)  # (Q, 2)
+    lo, hi = torch.zeros(len(boxes)), 4 * half.norm(dim=1)  # (Q,): far enough to fall below any IoU
+    for _ in range(60):  # IoU falls monotonically with the distance
+        mid = (lo + hi) / 2
+        moved = grown + (direction * mid[:, None]).repeat(1, 2)
+        above = box_iou(boxes, moved) > iou
+        lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
+    return grown + (direction * ((lo + hi) / 2)[:, None]).repeat(1, 2)

@@ -1,14 +1,19 @@
 """CAAM, AdaFocal's Context-Aware Attention Modulator (OACIR; seeds/adafocal-oacir.txt, Fig. 4, Tables 3, 11-13).
 
 The fixed box anchoring of `foco.model.box` adds one beta, chosen on val, to F_Aggr's attention logits inside the
-box. CAAM predicts beta per query from its context:
+box. CAAM predicts beta per query from its context, balancing the anchored instance against the rest:
 
-    S = [probes (K); v_g; V_p + e_box [p in box]; X]      K probe tokens, the reference's global and patches (the
-                                                           patches inside the box marked by a learned embedding),
-                                                           the modification's tokens X (padding masked)
+    S = [probes (K); v_g; box(V_p); rest(V_p); X]         K probe tokens, the reference's global, the mean patch
+                                                           inside the box (the instance) and outside it (its
+                                                           context), the modification's tokens X (padding masked);
+                                                           each with a learned type embedding
     S <- L self-attention layers (pre-norm transformer encoder layers) over S
     beta = softplus(CRM(S[:K]))                           the context reasoning module reads the K probe outputs
     bias_p = beta * [p in box]                            what `FAggr(attn_bias=...)` adds to its logits
+
+The patches enter pooled, inside and outside the box, not one token each: the sequence stays K + 3 + L long
+whatever the patch grid (a ViT-L/14's 256 patches would make it ~10x longer and the layers ~10x dearer), and the
+patch-level attention is F_Aggr's own, which beta then steers.
 
 CRM: "mlp" (the paper's): a two-layer MLP over the K probe outputs concatenated; "pool" (Table 3's ablation): the
 probes' mean, then one linear layer. Probes: learnable parameters, or frozen (Table 3): fixed random buffers
@@ -16,10 +21,10 @@ drawn from `CAAMConfig.seed`, never trained. beta is kept positive (softplus): t
 *preserve*, so the attention inside it is intensified; the last layer starts near beta = `init_beta`.
 
 beta "scalar" (the paper's): beta (B, 1), the same on every patch in the box. "vector" (Table 11's ablation): one
-beta per *patch*, beta (B, P), beta_p = softplus(w . (CRM(probes) ⊙ S_p) + b) from the CRM's summary and patch p's
-own output token. A vector over patches keeps F_Aggr's (B, P) bias and its call unchanged (a vector over F_Aggr's
-heads would need a per-head bias there) and works for any number of patches. Outside the box the bias is 0 for
-both, and a row without a box (an all-False mask) gets no bias at all.
+beta per *patch*, beta (B, P), beta_p = softplus(w . (CRM(probes) ⊙ W V_p) + b) from the CRM's summary and patch
+p's own (projected) feature. A vector over patches keeps F_Aggr's (B, P) bias and its call unchanged (a vector over
+F_Aggr's heads would need a per-head bias there) and works for any number of patches. Outside the box the bias is
+0 for both, and a row without a box (an all-False mask) gets no bias at all.
 """
 from __future__ import annotations
 
@@ -85,7 +90,7 @@ class CAAM(nn.Module):
             self.probes = nn.Parameter(probes)
         else:
             self.register_buffer("probes", probes)  # frozen: saved with the weights, never trained
-        self.types = nn.Parameter(0.02 * torch.randn(5, D))  # probe, global, patch, patch in box, text
+        self.types = nn.Parameter(0.02 * torch.randn(5, D))  # probe, global, context patches, box patches, text
         hidden = int(D * cfg.mlp_ratio)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(D, cfg.heads, hidden, dropout=0.0, activation="gelu", batch_first=True,
@@ -95,7 +100,8 @@ class CAAM(nn.Module):
             self.crm = nn.Sequential(nn.Linear(K * D, hidden), nn.GELU(), nn.Linear(hidden, D))
         else:
             self.crm = nn.Linear(D, D)
-        self.head = nn.Linear(D, 1)  # summary (or summary ⊙ patch token) -> raw beta
+        self.head = nn.Linear(D, 1)  # summary (or summary ⊙ projected patch) -> raw beta
+        self.patch_proj = nn.Linear(D, D) if cfg.beta == "vector" else None
         nn.init.normal_(self.head.weight, std=0.01)
         nn.init.constant_(self.head.bias, inverse_softplus(cfg.init_beta))
 
@@ -117,11 +123,14 @@ class CAAM(nn.Module):
         types = self.types.to(dtype)  # (5, D)
         probes = (self.probes.to(dtype) + types[0])[None].expand(B, K, D)  # (B, K, D)
         glob = (ref_global.to(dtype) + types[1])[:, None, :]  # (B, 1, D)
-        patch_type = torch.where(box[..., None], types[3], types[2])  # (B, P, D)
+        inside = box.to(dtype)[..., None]  # (B, P, 1)
+        n_in = inside.sum(1).clamp_min(1)  # (B, 1)
+        in_box = (patches * inside).sum(1) / n_in + types[3]  # (B, D) the instance's mean patch
+        rest = (patches * (1 - inside)).sum(1) / (P - inside.sum(1)).clamp_min(1) + types[2]  # (B, D) its context
         text = text_tokens.to(dtype) + types[4]  # (B, L, D)
-        seq = torch.cat([probes, glob, patches + patch_type, text], dim=1)  # (B, K + 1 + P + L, D)
-        keep = torch.cat([torch.ones(B, K + 1 + P, dtype=torch.bool, device=patches.device),
-                          text_mask.to(device=patches.device, dtype=torch.bool)], dim=1)  # (B, K + 1 + P + L)
+        seq = torch.cat([probes, glob, in_box[:, None], rest[:, None], text], dim=1)  # (B, K + 3 + L, D)
+        keep = torch.cat([torch.ones(B, K + 3, dtype=torch.bool, device=patches.device),
+                          text_mask.to(device=patches.device, dtype=torch.bool)], dim=1)  # (B, K + 3 + L)
         pad = ~keep  # (B, S): True on the padded text positions, which no token attends to
         for layer in self.layers:
             seq = layer(seq, src_key_padding_mask=pad)  # (B, S, D)
@@ -131,7 +140,7 @@ class CAAM(nn.Module):
         if self.cfg.beta == "scalar":
             beta = F.softplus(self.head(summary))  # (B, 1)
         else:
-            patch_out = seq[:, K + 1:K + 1 + P]  # (B, P, D)
+            patch_out = self.patch_proj(patches.to(dtype))  # (B, P, D)
             beta = F.softplus(self.head(summary[:, None, :] * patch_out)[..., 0])  # (B, P)
         bias = beta * box.to(beta.dtype)  # (B, P): beta in the box, 0 outside and in rows without a box
         return Modulation(beta, bias)

@@ -30,6 +30,8 @@ class Quadruples:
     box_mask: torch.Tensor  # (N, P) bool, the patches inside each query's box (all False: no box)
     target_global: torch.Tensor  # (N, D) the targets' normalised globals
     instance_ids: list[str]  # (N,) the preserved instance of each query
+    hard: torch.Tensor | None = None  # (N, M, D) each query's own hard negatives (its subset's other images)
+    hard_mask: torch.Tensor | None = None  # (N, M) bool, the real ones among them (rows are padded to M)
 
     def __post_init__(self) -> None:
         N, P, D = self.ref_patches.shape
@@ -44,6 +46,9 @@ class Quadruples:
                              f"{'' if len(self.instance_ids) == N else f', {len(self.instance_ids)} instance ids'}")
         if self.box_mask.dtype != torch.bool:
             raise ValueError(f"box_mask must be bool, got {self.box_mask.dtype}")
+        if (self.hard is None) != (self.hard_mask is None) or (self.hard is not None and (
+                self.hard.shape[0] != N or self.hard.shape[2] != D or self.hard_mask.shape != self.hard.shape[:2])):
+            raise ValueError("hard negatives need (N, M, D) features and an (N, M) mask, or neither")
 
     def __len__(self) -> int:
         return self.ref_global.shape[0]
@@ -57,6 +62,14 @@ class Quadruples:
         mod = TextFeatures(t.global_[rows].to(device).float(), t.tokens[rows].to(device).float(),
                            t.mask[rows].to(device))
         return ref, mod, self.box_mask[rows].to(device), self.target_global[rows].to(device).float()
+
+    def hard_batch(self, rows: torch.Tensor, device: torch.device | str
+                   ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Rows (b,) -> their hard negatives (b, M, D) and mask (b, M) on `device`; None without any."""
+        if self.hard is None:
+            return None
+        rows = rows.to(self.hard.device)
+        return self.hard[rows].to(device).float(), self.hard_mask[rows].to(device)
 
 
 @dataclass
@@ -72,6 +85,7 @@ class AdaFocalTrainConfig:
     warmup_frac: float = 0.05
     grad_clip: float = 1.0
     max_steps: int | None = None  # stop early (smoke tests)
+    hard_negatives: bool = True  # each query's own subset (instance and context distractors) among its negatives
     seed: int = 0
     device: str | None = None  # "auto", "cpu", "cuda", "cuda:N"; None: the process's (`context`)
     allow_changed: tuple[str, ...] = ()  # settings a resumed run may change (`--allow-changed`); recorded
@@ -81,14 +95,24 @@ class AdaFocalTrainConfig:
                               self.fixed_beta).check()
 
 
-def sigmoid_loss(model: AdaFocalModel, query: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def sigmoid_loss(model: AdaFocalModel, query: torch.Tensor, target: torch.Tensor,
+                 hard: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """Queries (B, D) against the batch's targets (B, D), both normalised: the mean over queries of the summed
-    sigmoid losses, +1 for a query's own target, -1 for the batch's others (supervised_ceiling.py)."""
+    sigmoid losses, +1 for a query's own target, -1 for the batch's others (supervised_ceiling.py), and -1 for each
+    of the query's own hard negatives (`hard`: (B, M, D) and their (B, M) mask) when given: OACIR's distractors,
+    the same instance in another context and another instance in the target's context, which a batch of random
+    queries almost never holds."""
     enc = model.encoder
-    logits = enc.log_scale_comp.exp().clamp(max=100) * query @ target.T + enc.bias_comp  # (B, B)
+    scale = enc.log_scale_comp.exp().clamp(max=100)
+    logits = scale * query @ target.T + enc.bias_comp  # (B, B)
     B = logits.shape[0]
     labels = 2 * torch.eye(B, dtype=logits.dtype, device=logits.device) - 1  # (B, B)
-    return -F.logsigmoid(labels * logits).sum(1).mean()
+    loss = -F.logsigmoid(labels * logits).sum(1)  # (B,)
+    if hard is not None:
+        feats, mask = hard  # (B, M, D), (B, M)
+        hard_logits = scale * torch.einsum("bd,bmd->bm", query, feats) + enc.bias_comp  # (B, M)
+        loss = loss - (F.logsigmoid(-hard_logits) * mask.to(hard_logits.dtype)).sum(1)
+    return loss.mean()
 
 
 def train_adafocal(data: Quadruples, out: str | Path, cfg: AdaFocalTrainConfig | None = None, resume: bool = False,
@@ -113,7 +137,8 @@ def train_adafocal(data: Quadruples, out: str | Path, cfg: AdaFocalTrainConfig |
         def step(idx: torch.Tensor) -> Losses:  # idx (B,)
             ref, mod, box, target = data.batch(idx, ctx.device)
             query = model(ref, mod, box).query  # (B, D)
-            return {"loss": sigmoid_loss(model, query, target)}
+            hard = data.hard_batch(idx, ctx.device) if cfg.hard_negatives else None
+            return {"loss": sigmoid_loss(model, query, target, hard)}
 
         def optimizer() -> torch.optim.Optimizer:
             return torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=cfg.lr,
@@ -133,7 +158,8 @@ def quadruples_from_parts(bench, feats, min_cover: float = 0.25) -> Quadruples:
     """Quadruples from an OACIR benchmark part (`CIRBenchmark`: each query's `box`, `box_size` and `instance`) and
     its cached features (`PartFeatures`): each query's reference (`feats.references`), its first text variant
     (`feats.texts`), its box on the reference's patch grid (`foco.model.box.centre_square_mask`, as evaluation maps
-    it; no box: all False) and its first target's global (`feats.gallery`)."""
+    it; no box: all False), its first target's global (`feats.gallery`) and, as hard negatives, the globals of its
+    subset's other images (reference and targets left out: OACIR's instance and context distractors)."""
     from ..model.box import centre_square_mask
     missing = [q.id for q in bench.queries if not q.targets]
     if missing:
@@ -152,6 +178,13 @@ def quadruples_from_parts(bench, feats, min_cover: float = 0.25) -> Quadruples:
     boxes = torch.tensor([q.box if q.box is not None else nan for q in bench.queries], dtype=torch.float32)
     sizes = torch.tensor([q.box_size or (1, 1) for q in bench.queries], dtype=torch.float32)  # (Q, 2)
     mask = centre_square_mask(boxes, sizes, patches.shape[1], min_cover)  # (Q, P)
+    others = [[gallery_pos[g] for g in q.subset if g != q.reference and g not in q.targets] for q in bench.queries]
+    hard = hard_mask = None
+    M = max(map(len, others), default=0)
+    if M:
+        rows = torch.tensor([o + [0] * (M - len(o)) for o in others], dtype=torch.long)  # (Q, M)
+        hard_mask = torch.tensor([[True] * len(o) + [False] * (M - len(o)) for o in others])  # (Q, M)
+        hard = feats.gallery[rows]  # (Q, M, D)
     return Quadruples(feats.references.global_[ref_rows], patches, feats.texts.take(text_rows),
                       mask.to(patches.device), feats.gallery[target_rows],
-                      [q.instance if q.instance is not None else q.id for q in bench.queries])
+                      [q.instance if q.instance is not None else q.id for q in bench.queries], hard, hard_mask)
