@@ -72,11 +72,13 @@ def test_frozen_probes_get_no_gradient_and_learnable_ones_do():
     assert "probes" not in dict(frozen.named_parameters()) and "probes" in frozen.state_dict()
     frozen(ref_g, patches, tokens, mask, box).bias.sum().backward()
     assert not frozen.probes.requires_grad and frozen.probes.grad is None
+    assert frozen.types.grad[0].abs().sum() == 0  # nothing learned reaches the probe tokens (no type shift)
     again = CAAM(CAAMConfig(dim=D, probes=4, layers=1, heads=2, learnable_probes=False, seed=3))
     torch.testing.assert_close(again.probes, frozen.probes)  # seeded: the same fixed probes
     learn = CAAM(CAAMConfig(dim=D, probes=4, layers=1, heads=2, learnable_probes=True))
     learn(ref_g, patches, tokens, mask, box).bias.sum().backward()
     assert learn.probes.grad is not None and learn.probes.grad.abs().sum() > 0
+    assert learn.types.grad[0].abs().sum() > 0
 
 
 def test_new_tensors_follow_the_inputs_device():
@@ -238,3 +240,30 @@ def test_perturbed_boxes_have_the_asked_iou():
     assert ((moved[:, :2] + moved[:, 2:]) / 2 - (boxes[:, :2] + boxes[:, 2:]) / 2).norm(dim=1).min() > 0.1
     with pytest.raises(ValueError, match="IoU"):
         perturb_boxes(boxes, 0.9, shift=True, generator=g)
+
+
+def test_boxes_map_onto_the_centre_square_and_a_box_outside_it_is_refused():
+    from foco.model.box import query_box_masks
+    q = lambda i, box, size: SimpleNamespace(id=f"q{i}", box=box, box_size=size)  # noqa: E731
+    # a 128 x 64 image: the towers see x in [32, 96); a box on its left quarter of that square is patch column 0
+    masks = query_box_masks([q(0, (32, 0, 40, 8), (128, 64)), q(1, None, None)], 16)
+    assert masks[0].nonzero().flatten().tolist() == [0] and not masks[1].any()
+    with pytest.raises(ValueError, match="q2 lies outside the centre square"):
+        query_box_masks([q(2, (0, 0, 20, 20), (128, 64))], 16)
+    with pytest.raises(ValueError, match="q3 has a box but not the size"):
+        query_box_masks([q(3, (0, 0, 20, 20), None)], 16)
+    assert query_box_masks([q(4, None, None)], 16) is None
+
+
+def test_r_id_needs_every_gallery_images_instances():
+    from foco.benchmarks.base import CIRBenchmark, CIRQuery, EvalProtocol
+    from foco.eval.rank import rank, score
+    proto = EvalProtocol(remove_reference=True, recall_ks=(1,), instance_ks=(1,), average=("R_ID@1", "R@1"))
+    bench = CIRBenchmark("t", "test", {}, ["a", "b", "c"], [CIRQuery("q", "a", ("t",), ["b"], instance="x")], proto,
+                         instances={"a": ("x",), "b": ("y",), "c": ("x",)})
+    gallery = torch.eye(3)
+    r = rank(bench, ["a", "b", "c"], gallery, torch.tensor([[0.0, 0.2, 1.0]]))
+    assert score(bench, r) == {"R_ID@1": 100.0, "R@1": 0.0, "Avg": 50.0}  # c shows x; the reference a is removed
+    bench.instances.pop("c")
+    with pytest.raises(ValueError, match="without their instances"):
+        score(bench, r)

@@ -6,7 +6,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .common import add_device_arg, add_owned_output, learning_rate, nonneg_int, positive_int, seed_int
+from .numbers import float_in
 from .resume import add_allow_changed, add_resume_args, start_or_continue
+from ..utils.parse import MAX_BOX_BETA
 
 if TYPE_CHECKING:
     from ..train.adafocal import AdaFocalTrainConfig
@@ -56,7 +58,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--variant", default="caam", choices=["caam", "none", "fixed"],
                    help="caam: AdaFocal (default); none: the baseline without CAAM (the box ignored); fixed: foco's "
                         "fixed beta inside the box (--fixed-beta)")
-    p.add_argument("--fixed-beta", type=float, default=0.0, help="the fixed variant's beta (choose it on val)")
+    p.add_argument("--fixed-beta", type=float_in(-MAX_BOX_BETA, MAX_BOX_BETA), default=0.0,
+                   help=f"the fixed variant's beta, within +-{MAX_BOX_BETA:g} (choose it on val)")
     p.add_argument("--probes", type=positive_int, default=8, help="CAAM's probe tokens")
     p.add_argument("--layers", type=nonneg_int, default=2, help="CAAM's self-attention layers")
     p.add_argument("--crm", default="mlp", choices=["mlp", "pool"],

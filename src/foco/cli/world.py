@@ -42,7 +42,9 @@ def _oacir(a: argparse.Namespace) -> int:
     for split, s in generate_oacir(a.world, splits, n_queries=a.queries, out=a.out).items():
         st = oacir_statistics(root, split)
         edits = ", ".join(f"{k} {v}" for k, v in st["edit_types"].items())
-        print(f"OACIR protocol of {split} written under {root}/benchmarks/{split}/oacir: {s['queries']} quadruples, "
+        print(f"OACIR protocol of {split} written under {root}/benchmarks/{split}/oacir: {s['queries']} quadruples "
+              f"({s['queries_dropped']} of the {s['queries_asked']} drafted left out: another gallery image also "
+              "satisfied the target), "
               f"{s['gallery']} gallery images, boxes as {s['box_format']}; per query "
               f"{st['instance_distractors_mean']:.2f} instance distractors (min {st['instance_distractors_min']}), "
               f"{st['context_distractors_mean']:.2f} context distractors; edits: {edits}")

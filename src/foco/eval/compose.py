@@ -15,7 +15,7 @@ from ..backbones.base import ImageFeatures
 from ..benchmarks.base import CIRBenchmark
 from ..benchmarks.cache import PartFeatures
 from ..methods.base import QueryBatch, QueryMethod
-from ..model.box import centre_square_mask
+from ..model.box import query_box_masks
 from ..model.encoder import ComposedQuery
 from ..utils.device import move
 
@@ -27,17 +27,12 @@ def reference_rows(bench: CIRBenchmark, feats: PartFeatures) -> torch.Tensor:
 
 
 def box_masks(bench: CIRBenchmark, num_patches: int, min_cover: float = 0.25) -> torch.Tensor | None:
-    """(Q, P) bool: each query's patches inside its box (OACIR; `foco.model.box.centre_square_mask`); rows of
-    queries without a box are all False. None when no query has a box."""
-    if not any(q.box is not None for q in bench.queries):
-        return None
-    unsized = [q.id for q in bench.queries if q.box is not None and q.box_size is None]
-    if unsized:
-        raise ValueError(f"{bench.name}: query {unsized[0]} has a box but not the size of the image it is drawn in")
-    nan = (float("nan"),) * 4
-    boxes = torch.tensor([q.box if q.box is not None else nan for q in bench.queries], dtype=torch.float32)
-    sizes = torch.tensor([q.box_size or (1, 1) for q in bench.queries], dtype=torch.float32)  # (Q, 2)
-    return centre_square_mask(boxes, sizes, num_patches, min_cover)
+    """(Q, P) bool: each query's patches inside its box (OACIR; `foco.model.box.query_box_masks`); rows of queries
+    without a box are all False. None when no query has a box."""
+    try:
+        return query_box_masks(bench.queries, num_patches, min_cover)
+    except ValueError as exc:
+        raise ValueError(f"{bench.name} {bench.split}: {exc}") from None
 
 
 def compose(method: QueryMethod, bench: CIRBenchmark, feats: PartFeatures, batch_size: int = 256,

@@ -117,7 +117,11 @@ def score(bench: CIRBenchmark, r: Rankings) -> dict[str, float]:
         missing = [q.id for q in bench.queries if q.instance is None]
         if missing:
             raise ValueError(f"{bench.name}: {len(missing)} queries without an instance for R_ID@K, e.g. {missing[0]}")
-        shown = [bench.instances.get(g, ()) for g in r.gallery_ids]
+        unknown = [g for g in r.gallery_ids if g not in bench.instances]
+        if unknown:  # a reader that left them out would score R_ID@K as 0 without a word
+            raise ValueError(f"{bench.name}: {len(unknown)} gallery images without their instances for R_ID@K, "
+                             f"e.g. {unknown[0]}")
+        shown = [bench.instances[g] for g in r.gallery_ids]
         out.update({f"R_ID@{k}": instance_recall_at_k(r.full, [q.instance for q in bench.queries], shown, k)
                     for k in p.instance_ks})
     out.update({f"R@{k}": recall_at_k(r.full, targets, k) for k in p.recall_ks})

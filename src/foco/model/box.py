@@ -98,7 +98,7 @@ def perturb_boxes(boxes: torch.Tensor, iou: float, shift: bool, generator: torch
 
     shift=False ("scale"): each box grows about its centre by 1 / sqrt(iou) per side, so that its IoU is exactly
     `iou`. shift=True ("scale + shift"): it grows to IoU `scale_iou`, then moves in a random direction (drawn from
-    `generator`) by the distance, found by bisection, at which the IoU falls to `iou`. Boxes are not clipped to the
+    `generator`, a CPU generator, whatever the boxes' device) by the distance, found by bisection, at which the IoU falls to `iou`. Boxes are not clipped to the
     image (the patch mask covers what lies inside)."""
     boxes = boxes.float()
     if not 0 < iou <= 1:
@@ -111,12 +111,34 @@ def perturb_boxes(boxes: torch.Tensor, iou: float, shift: bool, generator: torch
     grown = torch.cat([centre - half, centre + half], 1)  # (Q, 4)
     if not shift:
         return grown
-    angle = torch.rand(len(boxes), generator=generator) * 2 * math.pi  # (Q,)
+    angle = torch.rand(len(boxes), generator=generator).to(boxes.device) * 2 * math.pi  # (Q,), drawn on the CPU
     direction = torch.stack([angle.cos(), angle.sin()], 1)  # (Q, 2)
-    lo, hi = torch.zeros(len(boxes)), 4 * half.norm(dim=1)  # (Q,): far enough to fall below any IoU
+    lo, hi = torch.zeros(len(boxes), device=boxes.device), 4 * half.norm(dim=1)  # (Q,): beyond any IoU
     for _ in range(60):  # IoU falls monotonically with the distance
         mid = (lo + hi) / 2
         moved = grown + (direction * mid[:, None]).repeat(1, 2)
         above = box_iou(boxes, moved) > iou
         lo, hi = torch.where(above, mid, lo), torch.where(above, hi, mid)
     return grown + (direction * ((lo + hi) / 2)[:, None]).repeat(1, 2)
+
+
+def query_box_masks(queries, num_patches: int, min_cover: float = 0.25) -> torch.Tensor | None:
+    """(Q, P) bool masks of benchmark queries' boxes (`CIRQuery.box` in pixels of an image of `box_size`, OACIR)
+    on the reference's centre-square patch grid (`centre_square_mask`); rows of queries without a box are all False.
+    None when no query has a box. A box without the size of its image, or one that covers no patch of the centre
+    square (outside what the towers see), is refused naming the query: it would otherwise read as "no box"."""
+    if not any(q.box is not None for q in queries):
+        return None
+    unsized = [q.id for q in queries if q.box is not None and q.box_size is None]
+    if unsized:
+        raise ValueError(f"query {unsized[0]} has a box but not the size of the image it is drawn in "
+                         f"({len(unsized)} such queries)")
+    nan = (float("nan"),) * 4
+    boxes = torch.tensor([q.box if q.box is not None else nan for q in queries], dtype=torch.float32)  # (Q, 4)
+    sizes = torch.tensor([q.box_size or (1, 1) for q in queries], dtype=torch.float32)  # (Q, 2)
+    masks = centre_square_mask(boxes, sizes, num_patches, min_cover)  # (Q, P)
+    empty = [q.id for q, m in zip(queries, masks) if q.box is not None and not bool(m.any())]
+    if empty:
+        raise ValueError(f"the box of query {empty[0]} lies outside the centre square the backbone sees "
+                         f"({len(empty)} such queries): crop or pad the reference so that its box is inside")
+    return masks

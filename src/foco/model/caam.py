@@ -90,7 +90,7 @@ class CAAM(nn.Module):
             self.probes = nn.Parameter(probes)
         else:
             self.register_buffer("probes", probes)  # frozen: saved with the weights, never trained
-        self.types = nn.Parameter(0.02 * torch.randn(5, D))  # probe, global, context patches, box patches, text
+        self.types = nn.Parameter(0.02 * torch.randn(5, D))  # probe (learnable probes only), global, context patches, box patches, text
         hidden = int(D * cfg.mlp_ratio)
         self.layers = nn.ModuleList(
             nn.TransformerEncoderLayer(D, cfg.heads, hidden, dropout=0.0, activation="gelu", batch_first=True,
@@ -121,7 +121,10 @@ class CAAM(nn.Module):
         dtype = patches.dtype
         box = box_mask.to(device=patches.device, dtype=torch.bool)  # (B, P)
         types = self.types.to(dtype)  # (5, D)
-        probes = (self.probes.to(dtype) + types[0])[None].expand(B, K, D)  # (B, K, D)
+        probes = self.probes.to(dtype)  # (K, D)
+        if self.cfg.learnable_probes:  # frozen probes stay exactly as drawn: no learned type shift either
+            probes = probes + types[0]
+        probes = probes[None].expand(B, K, D)  # (B, K, D)
         glob = (ref_global.to(dtype) + types[1])[:, None, :]  # (B, 1, D)
         inside = box.to(dtype)[..., None]  # (B, P, 1)
         n_in = inside.sum(1).clamp_min(1)  # (B, 1)

@@ -157,16 +157,17 @@ def train_adafocal(data: Quadruples, out: str | Path, cfg: AdaFocalTrainConfig |
 def quadruples_from_parts(bench, feats, min_cover: float = 0.25) -> Quadruples:
     """Quadruples from an OACIR benchmark part (`CIRBenchmark`: each query's `box`, `box_size` and `instance`) and
     its cached features (`PartFeatures`): each query's reference (`feats.references`), its first text variant
-    (`feats.texts`), its box on the reference's patch grid (`foco.model.box.centre_square_mask`, as evaluation maps
+    (`feats.texts`), its box on the reference's patch grid (`foco.model.box.query_box_masks`, as evaluation maps
     it; no box: all False), its first target's global (`feats.gallery`) and, as hard negatives, the globals of its
     subset's other images (reference and targets left out: OACIR's instance and context distractors)."""
-    from ..model.box import centre_square_mask
+    from ..model.box import query_box_masks
     missing = [q.id for q in bench.queries if not q.targets]
     if missing:
         raise ValueError(f"{bench.name} {bench.split}: {len(missing)} queries without a target (e.g. {missing[0]})")
-    unsized = [q.id for q in bench.queries if q.box is not None and q.box_size is None]
-    if unsized:
-        raise ValueError(f"{bench.name}: query {unsized[0]} has a box but not the size of the image it is drawn in")
+    no_instance = [q.id for q in bench.queries if q.instance is None]
+    if no_instance:
+        raise ValueError(f"{bench.name} {bench.split}: {len(no_instance)} queries without an anchored instance "
+                         f"(e.g. {no_instance[0]}): AdaFocal trains on OACIR quadruples")
     ref_pos = {r: i for i, r in enumerate(feats.reference_ids)}
     ref_rows = torch.tensor([ref_pos[q.reference] for q in bench.queries], dtype=torch.long)  # (Q,)
     text_pos = {t: i for i, t in enumerate(feats.text_ids)}
@@ -174,10 +175,9 @@ def quadruples_from_parts(bench, feats, min_cover: float = 0.25) -> Quadruples:
     gallery_pos = {g: i for i, g in enumerate(feats.gallery_ids)}
     target_rows = torch.tensor([gallery_pos[q.targets[0]] for q in bench.queries], dtype=torch.long)  # (Q,)
     patches = feats.references.patches[ref_rows]  # (Q, P, D)
-    nan = (float("nan"),) * 4
-    boxes = torch.tensor([q.box if q.box is not None else nan for q in bench.queries], dtype=torch.float32)
-    sizes = torch.tensor([q.box_size or (1, 1) for q in bench.queries], dtype=torch.float32)  # (Q, 2)
-    mask = centre_square_mask(boxes, sizes, patches.shape[1], min_cover)  # (Q, P)
+    mask = query_box_masks(bench.queries, patches.shape[1], min_cover)  # (Q, P) or None: no box anywhere
+    if mask is None:
+        mask = torch.zeros(patches.shape[:2], dtype=torch.bool)
     others = [[gallery_pos[g] for g in q.subset if g != q.reference and g not in q.targets] for q in bench.queries]
     hard = hard_mask = None
     M = max(map(len, others), default=0)
@@ -187,4 +187,4 @@ def quadruples_from_parts(bench, feats, min_cover: float = 0.25) -> Quadruples:
         hard = feats.gallery[rows]  # (Q, M, D)
     return Quadruples(feats.references.global_[ref_rows], patches, feats.texts.take(text_rows),
                       mask.to(patches.device), feats.gallery[target_rows],
-                      [q.instance if q.instance is not None else q.id for q in bench.queries], hard, hard_mask)
+                      [q.instance for q in bench.queries], hard, hard_mask)

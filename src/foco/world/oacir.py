@@ -360,6 +360,7 @@ def generate_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_querie
     out = Path(out) if out is not None else world
     cfg = read_json(world / "world.json").get("config") or {} if (world / "world.json").is_file() else {}
     planned = plan_oacir(world, splits, n_queries)
+    asked = split_counts(cfg, n_queries)
     summaries = {}
     for split, (gallery, queries) in planned.items():
         base = out / "benchmarks" / split / PROTOCOL
@@ -372,6 +373,8 @@ def generate_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_querie
         _dump_jsonl(base / "queries.jsonl", queries)
         summary = {"format": FORMAT, "protocol": PROTOCOL, "split": split, "seed": cfg.get("seed"),
                    "domain": DOMAIN, "queries": len(queries), "gallery": len(gallery),
+                   # drafted queries whose target another gallery image also satisfies are left out, counted here
+                   "queries_asked": asked[split], "queries_dropped": asked[split] - len(queries),
                    "box_format": "x0, y0, x1, y1 pixels", "image_size": IMAGE_SIZE, "marks": list(MARKS),
                    "instance_id": "kind/colour/mark", "edit_types": list(EDIT_TYPES),
                    "manifests_sha256": {f: sha256_file(base / f) for f in FILES}}
