@@ -31,6 +31,7 @@ from foco.benchmarks.world import load_world_part
 from foco.eval.compose import compose
 from foco.eval.rank import rank, score
 from foco.eval.select import choose_on_val
+from foco.features import FeatureCache, cache_fingerprint
 from foco.methods import MethodOptions, build_method
 from foco.methods.slerp import ALPHA
 from foco.model.box import perturb_boxes
@@ -111,11 +112,22 @@ def main() -> None:
     def run(name: str, seed: int, variant: str = "caam", caam: dict | None = None, beta: float = 0.0,
             data=train, tag: str | None = None):
         folder = a.out / "runs" / (tag or name) / f"seed{seed}"
-        if not (folder / "adafocal.json").is_file():
-            cfg = AdaFocalTrainConfig(variant=variant, caam=CAAMConfig(**(caam or {})), fixed_beta=beta,
-                                      epochs=a.epochs, seed=seed, device="cpu")
-            train_adafocal(data, folder, cfg, resume=(folder / "train_state").exists(),
-                           meta={"provenance": {"backbone": parts["train"][1].backbone}})
+        cfg = AdaFocalTrainConfig(variant=variant, caam=CAAMConfig(**(caam or {})), fixed_beta=beta,
+                                  epochs=a.epochs, seed=seed, device="cpu", hard_negatives=True)
+        want = {"variant": variant, "epochs": a.epochs, "seed": seed, "fixed_beta": beta, "hard_negatives": True,
+                **{f"caam.{k}": v for k, v in (caam or {}).items()}}
+        if (folder / "adafocal.json").is_file():  # reused only when it was trained as asked now
+            had = json.loads((folder / "adafocal.json").read_text()).get("train", {})
+            diff = {k: (had.get(k), v) for k, v in want.items() if had.get(k) != v}
+            if diff:
+                raise SystemExit(f"{folder} was trained with other settings {diff} (recorded, asked): remove it "
+                                 "or choose another --out")
+        else:
+            cache = a.features / "train-oacir"
+            meta = {"provenance": {"backbone": parts["train"][1].backbone, "features": {
+                "path": str(cache.resolve()), "fingerprint": cache_fingerprint(FeatureCache(cache).manifest)}},
+                "data": {"world": str(a.world.resolve()), "split": "train", "quadruples": len(data)}}
+            train_adafocal(data, folder, cfg, resume=(folder / "train_state").exists(), meta=meta)
         return build_method("adafocal", opts=opts, adafocal=folder)
 
     def seeded(name: str, parts_eval=None, seeds_=None, **kw) -> dict:
@@ -234,7 +246,7 @@ def markdown(r: dict) -> str:
     parts += ["", "## Box robustness (AdaFocal, test)", rows(r["robustness"])]
     if "ablations" in r:
         per = {s: v for s, v in r["trained"]["AdaFocal (CAAM)"]["per_seed"].items() if int(s) in r["ablation_seeds"]}
-        default = {m: (sum(p[m] for p in per.values()) / len(per), 0.0) for m in METRICS}
+        default = {m: mean_sd([p[m] for p in per.values()]) for m in METRICS}
         parts += ["", f"## Ablations (test, seeds {r['ablation_seeds']})",
                   rows({"default (mlp + learnable, scalar, 2 layers, 8 probes)": default, **r["ablations"]})]
     return "\n".join(parts) + "\n"
@@ -242,7 +254,8 @@ def markdown(r: dict) -> str:
 
 def figure(path: Path, part, ada, base, n: int = 4, k: int = 5) -> None:
     """The seed's Figure 6: per query, the baseline's and AdaFocal's top k; green the target, yellow the right
-    instance in the wrong context, red the rest."""
+    instance in the wrong context, red the rest. The queries shown are the first where AdaFocal's top-1 is the
+    target and the baseline's is not (as the seed's figure picks its examples), then the first others."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

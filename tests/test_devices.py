@@ -211,34 +211,6 @@ def test_cuda_extraction_writes_what_the_cpu_writes(tiny_world, tmp_path):
     assert a[0] == b[0] and torch.allclose(a[1].global_, b[1].global_, atol=2e-3)
 
 
-@pytest.mark.slow
-def test_every_trainer_runs_with_device_cpu_and_makes_its_tensors_on_it(recorder, tiny_world, train_features,  # noqa: F811
-                                                                       tmp_path):
-    """Every trainer, from the command line with an explicit --device cpu, under the FactoryRecorder: FoCo's
-    stages 1-2, its edit stage (with the target-image term), Pic2Word, PACT, TSCIR, the world backbone and LinCIR."""
-    from foco.cli import main
-    from foco.decompose.inputs import read_captions
-    from foco.edits.rule import RuleWriter
-    from foco.edits.run import GenerateConfig, run_generate
-    from foco.features import FeatureCache
-    store = tmp_path / "e.sqlite"
-    run_generate([(r.id, r.truth) for r in read_captions(tiny_world, split="train")][:200], RuleWriter(), store,
-                 GenerateConfig(per_caption=1))
-    f, w, o = str(train_features), str(tiny_world), tmp_path
-    texts = ["--edit-features", str(o / "edit-texts")]  # the edit texts, encoded once (by the first) for all three
-    runs = [["train", "--features", f, "--world", w, "--out", str(o / "foco"), "--stage1-epochs", "1",
-             "--stage2-epochs", "1", "--batch-size", "128", "--max-negatives", "7"],
-            ["train", "--features", f, "--world", w, "--out", str(o / "edits"), "--stage1-epochs", "1",
-             "--stage2-epochs", "0", "--batch-size", "128", "--edits", str(store), "--stage3-epochs", "1",
-             "--image-weight", "0.3", *texts],
-            ["pic2word", "train", "--features", f, "--out", str(o / "p2w"), "--epochs", "1", "--batch-size", "256"],
-            ["pact", "train", "--features", f, "--edits", str(store), "--out", str(o / "pact"), "--max-steps", "2",
-             "--batch-size", "32", *texts],
-            ["tscir", "train", "--features", f, "--edits", str(store), "--out", str(o / "tscir"), "--max-steps", "2",
-             "--batch-size", "16", *texts],
-            ["backbone", "train", "--world", w, "--out", str(o / "bb"), "--epochs", "1", "--batch-size", "256"],
-            ["lincir", "train", "--world", w, "--backbone", FeatureCache(f).manifest["backbone"], "--out",
-             str(o / "lincir"), "--epochs", "1", "--batch-size", "256"]]
-    for argv in runs:
-        assert main(argv + ["--device", "cpu"]) == 0, argv
-    assert recorder.found == [], "tensors made without their device:\n" + "\n".join(sorted(set(recorder.found)))
+# Every trainer from the command line with --device cpu under the FactoryRecorder: the one run of each trainer in
+# tests/test_same_checkpoints.py (FoCo's stages 1-2, its edit stage with the target-image term, Pic2Word, PACT,
+# TSCIR, LinCIR + AD, the world backbone) asserts it beside its weights.

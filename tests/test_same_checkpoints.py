@@ -26,6 +26,7 @@ import pytest
 import torch
 
 from foco.cli import main
+from test_devices import recorder  # noqa: F401  (fixture: every training epoch under the FactoryRecorder)
 
 GOLDENS = Path(__file__).parent / "data" / "same_checkpoints.json"  # the first machine kind's; others beside it
 PROBE_REL = 1e-2  # a changed seed, initialisation order or data order moves a probe by far more than this
@@ -68,7 +69,10 @@ def _digest(folder: Path) -> dict:
 
 
 @pytest.mark.slow
-def test_every_trainer_saves_the_weights_it_saved_before_the_harness(tiny_world, train_features, tmp_path):
+def test_every_trainer_saves_the_weights_it_saved_before_the_harness(recorder, tiny_world,  # noqa: F811
+                                                                     train_features, tmp_path):
+    """... and makes every tensor of its epochs with its device (`--device cpu`, test_devices.FactoryRecorder): the
+    one run of every trainer serves both checks."""
     from foco.decompose.inputs import read_captions
     from foco.edits.rule import RuleWriter
     from foco.edits.run import GenerateConfig, run_generate
@@ -97,6 +101,7 @@ def test_every_trainer_saves_the_weights_it_saved_before_the_harness(tiny_world,
     for name, argv in runs.items():
         assert main(argv + ["--out", str(o / name), "--device", "cpu"]) == 0, argv
         got[name] = _digest(o / name)
+    assert recorder.found == [], "tensors made without their device:\n" + "\n".join(sorted(set(recorder.found)))
     kinds = {path: json.loads(path.read_text()) for path in sorted(GOLDENS.parent.glob("same_checkpoints*.json"))}
     mine = [path for path, g in kinds.items() if g["fingerprint"] == _fingerprint()]
     if os.environ.get("FOCO_WRITE_GOLDENS"):
