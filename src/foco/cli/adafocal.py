@@ -52,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = ad.add_parser("train", help="train AdaFocal on a world's OACIR quadruples and their cached features")
     p.add_argument("--features", required=True, help="folder of feature caches: <split>-oacir is read")
     p.add_argument("--world", required=True, help="the world root (its OACIR benchmark: queries and boxes)")
-    p.add_argument("--split", default="train", help="the OACIR split to train on")
+    p.add_argument("--split", default="train", choices=["train", "val", "test"], help="the OACIR split to train on")
     p.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     add_owned_output(p, signature=("train_state", "train_log.jsonl", "adafocal.json", "model.safetensors"))
     p.add_argument("--variant", default="caam", choices=["caam", "none", "fixed"],
