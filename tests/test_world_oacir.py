@@ -136,3 +136,34 @@ def test_damaged_queries_line_is_named(world, tmp_path, capsys):
         load_benchmark(copy, "val", "oacir")
     assert main(["world", "oacir", "--world", str(copy), "--splits", "dev"]) != 0
     assert "--splits dev" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_oacir_from_the_command_line_world_to_adafocal_to_eval(tiny_world, tmp_path, capsys):
+    """A user's path: `foco world oacir`, the three splits' features, `foco adafocal train`, `foco eval --protocols
+    oacir` with R_ID@1, R@1, R@5 and Avg, the checkpoint's provenance checked against the features."""
+    import json
+    import shutil
+    world, feats = tmp_path / "w", tmp_path / "f"
+    shutil.copytree(tiny_world, world)  # the shared fixture stays read-only
+    assert main(["world", "oacir", "--world", str(world), "--queries", "24"]) == 0
+    assert "drafted left out" in capsys.readouterr().out
+    for split in ("train", "val", "test"):
+        assert main(["features", "extract", "--backbone", "world:vit", "--world", str(world), "--split",
+                     f"{split}/oacir", "--out", str(feats / f"{split}-oacir")]) == 0
+    ada = tmp_path / "ada"
+    assert main(["adafocal", "train", "--features", str(feats), "--world", str(world), "--out", str(ada),
+                 "--epochs", "1", "--batch-size", "8", "--probes", "2", "--layers", "1"]) == 0
+    record = json.loads((ada / "adafocal.json").read_text())
+    assert record["variant"] == "caam" and record["provenance"]["backbone"]["spec"] == "world:vit"
+    assert record["data"]["quadruples"] == len(read_jsonl(world / "benchmarks" / "train" / "oacir" / "queries.jsonl"))
+    res = tmp_path / "r.json"
+    assert main(["eval", "--benchmark", "world", "--root", str(world), "--features", str(feats), "--protocols",
+                 "oacir", "--split", "test", "--methods", "adafocal,image,sum", "--adafocal", str(ada),
+                 "--out", str(res)]) == 0
+    methods = json.loads(res.read_text())["methods"]
+    for m in ("adafocal", "image", "sum"):
+        assert set(methods[m]) == {"R_ID@1", "R@1", "R@5", "Avg"}
+        assert methods[m]["R@1"] <= methods[m]["R@5"] and methods[m]["R@1"] <= methods[m]["R_ID@1"]
+        assert abs(methods[m]["Avg"] - (methods[m]["R_ID@1"] + methods[m]["R@1"] + methods[m]["R@5"]) / 3) < 1e-9
+    assert "| R_ID@1 | R@1 | R@5 | Avg |" in capsys.readouterr().out
