@@ -267,3 +267,35 @@ def test_r_id_needs_every_gallery_images_instances():
     bench.instances.pop("c")
     with pytest.raises(ValueError, match="without their instances"):
         score(bench, r)
+
+
+@pytest.mark.slow
+def test_the_search_engine_hands_adafocal_the_box_and_foco_its_fixed_beta(tiny_world, tmp_path):
+    """`foco search` / `foco serve`: a box reaches AdaFocal as a mask (its beta its own), FoCo as the server's fixed
+    beta; both map it onto the centre square as evaluation does; a method without attention refuses a box."""
+    pytest.importorskip("faiss")
+    from foco.methods.adafocal import AdaFocalConfig, AdaFocalModel
+    from foco.model import ComposedQueryEncoder
+    from foco.search.build import IndexConfig, build_index
+    from foco.search.engine import Query, QueryError, SearchEngine
+    images = tmp_path / "imgs"
+    images.mkdir()
+    for p in sorted((tiny_world / "images" / "test-single").glob("*.png"))[:12]:
+        (images / p.name).write_bytes(p.read_bytes())
+    build_index(IndexConfig(images=str(images), backbone="world:pretrained", with_patches=True), tmp_path / "idx")
+    torch.manual_seed(0)
+    caam = CAAMConfig(dim=256, probes=2, layers=1, init_beta=8.0)
+    model = AdaFocalModel(AdaFocalConfig("caam", FoCoConfig(dim=256, learn_bias=True), caam))
+    model.save(tmp_path / "ada", {"provenance": {"backbone": {"spec": "world:pretrained"}}})
+    ComposedQueryEncoder(FoCoConfig(dim=256, learn_bias=True)).save(tmp_path / "foco", {"backbone": "world:pretrained"})
+    engine = SearchEngine.open(tmp_path / "idx", adafocal=tmp_path / "ada", checkpoint=tmp_path / "foco")
+    for method in ("adafocal", "foco"):
+        plain = engine.search(Query("make it red", 3, method, k=5))
+        boxed = engine.search(Query("make it red", 3, method, k=5, box=(0, 0, 32, 32)))
+        assert not torch.allclose(plain.attention, boxed.attention), method  # the box moved F_Aggr's attention
+        again = engine.search_many([Query("make it red", 3, method, k=5, box=(0, 0, 32, 32)),
+                                    Query("make it red", 3, method, k=5)])
+        assert torch.allclose(again[0].attention, boxed.attention, atol=1e-5)  # batched with a box-less query
+        assert torch.allclose(again[1].attention, plain.attention, atol=1e-5)
+    with pytest.raises(QueryError, match="has none"):
+        engine.search(Query("make it red", 3, "sum", k=5, box=(0, 0, 32, 32)))

@@ -41,7 +41,7 @@ from ..methods import METHODS, MethodOptions, QueryBatch, build_method, served_w
 from ..methods.provenance import check_trained_on, unverified as unverified_folders
 from ..utils.device import move
 from ..utils.text import text_problem
-from ..model.box import box_patch_mask, patch_grid
+from ..model.box import centre_square_mask
 from ..utils.parse import MAX_CHORD
 from ..utils.precision import autocast
 from .build import check_files, open_image, read_meta
@@ -362,6 +362,7 @@ class SearchEngine:
     def _search_group(self, name: str, qs: list[Query]) -> list[Answer | QueryError]:
         method = self._method(name)
         reads_patches, reads_anchor = METHODS.get(name).reads_patches, METHODS.get(name).reads_anchor
+        reads_box = METHODS.get(name).reads_box  # AdaFocal: the box itself, its beta the method's own
         out: list[Answer | QueryError | None] = [None] * len(qs)
         glob: dict[int, torch.Tensor] = {}  # query -> (D,) reference global
         patches: dict[int, torch.Tensor] = {}  # query -> (P, D)
@@ -369,8 +370,8 @@ class SearchEngine:
         encode: list[tuple[int, Image.Image]] = []  # references whose features are computed now
         for i, q in enumerate(qs):
             try:
-                if q.box is not None and not reads_anchor:
-                    raise QueryError(f"a box steers FoCo's attention; method {q.method!r} has none")
+                if q.box is not None and not (reads_anchor or reads_box):
+                    raise QueryError(f"a box steers F_Aggr's attention (foco, adafocal); method {q.method!r} has none")
                 if isinstance(q.reference, Image.Image):
                     encode.append((i, q.reference))
                     size[i] = q.reference.size
@@ -398,11 +399,11 @@ class SearchEngine:
             for j, (i, _) in enumerate(encode):
                 glob.setdefault(i, f.global_[j])  # an indexed reference keeps its stored global
                 patches[i] = f.patches[j]
-        bias: dict[int, torch.Tensor] = {}
+        boxes: dict[int, torch.Tensor] = {}
         for i, q in enumerate(qs):
             if out[i] is None and q.box is not None:
                 try:
-                    bias[i] = self._box_bias(q.box, size[i], patches[i].shape[0])[0]  # (P,)
+                    boxes[i] = self._box_mask(q.box, size[i], patches[i].shape[0])[0]  # (P,) bool
                 except QueryError as exc:
                     out[i] = exc
         ok = [i for i in range(len(qs)) if out[i] is None]
@@ -411,15 +412,19 @@ class SearchEngine:
         ref_g = torch.stack([glob[i] for i in ok])  # (b, D)
         ref_p = torch.stack([patches[i] for i in ok]) if reads_patches else \
             torch.empty(len(ok), 0, self.dim, device=ref_g.device)
-        attn_bias = None
-        if bias:
-            attn_bias = torch.zeros(len(ok), ref_p.shape[1], device=ref_g.device)  # (b, P): 0 where no box
+        attn_bias = box_mask = None
+        if boxes:
+            box_mask = torch.zeros(len(ok), ref_p.shape[1], dtype=torch.bool, device=ref_g.device)  # (b, P)
             for j, i in enumerate(ok):
-                if i in bias:
-                    attn_bias[j] = bias[i]
+                if i in boxes:
+                    box_mask[j] = boxes[i]
+            if reads_box:  # AdaFocal predicts its beta from the query
+                attn_bias = None
+            else:  # FoCo: the server's fixed beta inside the box, 0 elsewhere
+                attn_bias, box_mask = self.box_beta * box_mask.float(), None
         texts = [qs[i].text for i in ok]
         batch = QueryBatch(reference=ImageFeatures(ref_g, ref_p), modification=self.encode_texts(texts),
-                           texts=texts, attn_bias=attn_bias)
+                           texts=texts, attn_bias=attn_bias, box_mask=box_mask)
         batch = move(batch, method.device)  # the method's encoder runs on --device
         with self._lock, torch.inference_mode():
             composed = method.encode(batch)
@@ -486,17 +491,21 @@ class SearchEngine:
             out[i] = Answer(self._hits(query[j:j + 1], scores, ids, None, qs[i].k, 0.0, None, gen))
         return out  # type: ignore[return-value]
 
-    def _box_bias(self, box, size: tuple[int, int], num_patches: int) -> torch.Tensor:
+    def _box_mask(self, box, size: tuple[int, int], num_patches: int) -> torch.Tensor:
+        """(1, P) bool: the patches inside `box` (pixels of the W x H reference), on the patch grid of the centre
+        square the backbone sees (`foco.model.box.centre_square_mask`, as evaluation maps a box); on the CPU beside
+        the stored and encoded features."""
         x0, y0, x1, y1 = (float(v) for v in box)
         W, H = size
         if not (0 <= x0 < x1 <= W and 0 <= y0 < y1 <= H):
             raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is not inside the {W} x {H} reference "
                              "(x0 < x1, y0 < y1, in pixels)")
-        mask = box_patch_mask(torch.tensor([[x0, y0, x1, y1]], device="cpu"), (W, H), patch_grid(num_patches))
-        if not mask.any():  # a box so small that its cover of every patch rounds to nothing: never silently no box
-            raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is too small to cover any patch of the {W} x {H} "
-                             "reference; draw a larger box")
-        return self.box_beta * mask.float()  # (1, P), on the CPU beside the stored and encoded features
+        mask = centre_square_mask(torch.tensor([[x0, y0, x1, y1]], device="cpu"),
+                                  torch.tensor([[W, H]], dtype=torch.float32, device="cpu"), num_patches)
+        if not mask.any():  # too small, or outside the centre square: never silently no box
+            raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) covers no patch of the centre square the backbone "
+                             f"sees of the {W} x {H} reference; draw a larger box, or one nearer the centre")
+        return mask
 
     @staticmethod
     def _depth(k: int, chord: float, excludes: bool, gen: Loaded) -> int:
