@@ -6,7 +6,7 @@ an additive modulation beta on F_Aggr's attention logits for the patches inside 
     logits_p <- logits_p + beta * [patch p inside the box],
 
 so that attention mass moves into the box as beta grows (beta = 0 is plain FoCo). AdaFocal predicts beta from the
-query with a small attention module; here beta is a fixed scalar chosen on val.
+query with its CAAM (`foco.model.caam`, `foco adafocal`); here beta is a fixed scalar chosen on val.
 
 The sign says what the box means. In AdaFocal the box marks the instance to *preserve*: beta > 0. FoCo's F_Aggr
 localizes the part that F_Comp then completes with the text (in training: the object the contextual caption leaves
@@ -15,9 +15,11 @@ beta < 0, pushing attention onto the rest of the image. On the quickstart world 
 instance accuracy on that benchmark and beta > 0 lowers it (experiments/field_table.py).
 
 Patches are the backbone's square grid (world: `WorldBackboneConfig.image_size // 8` per side; CLIP/SigLIP:
-sqrt(num_patches)), row-major as the towers flatten them. A box is mapped onto that grid by plain scaling, which is
-exact for the world backbone and for square images under CLIP's resize + centre crop; other images need the box
-mapped through the processor's crop first.
+sqrt(num_patches)), row-major as the towers flatten them. A box is mapped onto the grid of the reference's centre
+square (`centre_square_mask`, `query_box_masks`): what CLIP's processor keeps after its resize and centre crop, and
+the whole image for square ones (the world's). Evaluation, training and `foco search` / `foco serve` map boxes
+through it alike. (SigLIP's processor squashes instead of cropping: its non-square references would need the
+box scaled per axis.)
 """
 from __future__ import annotations
 
