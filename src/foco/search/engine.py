@@ -503,8 +503,9 @@ class SearchEngine:
         mask = centre_square_mask(torch.tensor([[x0, y0, x1, y1]], device="cpu"),
                                   torch.tensor([[W, H]], dtype=torch.float32, device="cpu"), num_patches)
         if not mask.any():  # too small, or outside the centre square: never silently no box
-            raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) covers no patch of the centre square the backbone "
-                             f"sees of the {W} x {H} reference; draw a larger box, or one nearer the centre")
+            raise QueryError(f"box ({x0:g}, {y0:g}, {x1:g}, {y1:g}) is too small to cover any patch of the centre "
+                             f"square the backbone sees of the {W} x {H} reference, or lies outside it; draw a larger "
+                             "box, or one nearer the centre")
         return mask
 
     @staticmethod
