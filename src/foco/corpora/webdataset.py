@@ -95,16 +95,25 @@ def iter_shard(path: Path, with_images: bool = True) -> Iterator[Sample]:
         yield _sample(path, current)
 
 
+def sample_text(path: Path, key: str, json_bytes: bytes | None, txt_bytes: bytes | None,
+                error: type[Exception] = ManifestError) -> tuple[dict, object]:
+    """A sample's metadata (its .json, {} without one) and caption (its .txt, else the .json's "caption"; None
+    without either); a .json that is not JSON raises `error` naming the shard and the sample."""
+    meta = {}
+    if json_bytes is not None:
+        try:
+            meta = json.loads(json_bytes.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise error(f"{path}: sample {key}: its .json is not valid JSON ({exc})") from None
+    caption = txt_bytes.decode("utf-8", "replace").strip() if txt_bytes is not None else \
+        (meta.get("caption") if isinstance(meta, dict) else None)
+    return meta, caption
+
+
 def _sample(path: Path, s: dict) -> Sample:
     files = s["files"]
     img_ext = next((e for e in IMAGE_EXTS if e in files), None)
-    meta = {}
-    if ".json" in files:
-        try:
-            meta = json.loads(files[".json"].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ManifestError(f"{path}: sample {s['key']}: its .json is not valid JSON ({exc})") from None
-    caption = files[".txt"].decode("utf-8", "replace").strip() if ".txt" in files else meta.get("caption")
+    meta, caption = sample_text(path, s["key"], files.get(".json"), files.get(".txt"))
     if img_ext is None and caption is None:
         raise ManifestError(f"{path}: sample {s['key']} has neither an image nor a caption")
     return Sample(s["key"], str(path), files.get(img_ext) if img_ext else None, img_ext, caption, meta)

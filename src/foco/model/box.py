@@ -135,7 +135,7 @@ def query_box_masks(queries, num_patches: int, min_cover: float = 0.25) -> torch
     if unsized:
         raise ValueError(f"query {unsized[0]} has a box but not the size of the image it is drawn in "
                          f"({len(unsized)} such queries)")
-    nan = (float("nan"),) * 4
+    nan = (float("nan"),) * 4  # built on the CPU from the queries' metadata; batches carry the masks to the device
     boxes = torch.tensor([q.box if q.box is not None else nan for q in queries], dtype=torch.float32)  # (Q, 4)
     sizes = torch.tensor([q.box_size or (1, 1) for q in queries], dtype=torch.float32)  # (Q, 2)
     masks = centre_square_mask(boxes, sizes, num_patches, min_cover)  # (Q, P)

@@ -38,7 +38,7 @@ import numpy as np
 from PIL import Image
 
 from ..backbones import canonical_spec, create_backbone
-from ..corpora.webdataset import IMAGE_EXTS, expand_pattern, shard_paths, tar_files
+from ..corpora.webdataset import IMAGE_EXTS, expand_pattern, sample_text, shard_paths, tar_files
 from ..utils.io import atomic_write_text, read_json
 from ..utils.progress import Bar
 from .build import FORMAT_VERSION, IndexConfig, IndexStats, _exclusive, _stamps, _vector_index, read_meta
@@ -152,13 +152,7 @@ def _sample(path: Path, s: dict) -> list:
             width, height = im.size
     except (OSError, SyntaxError, ValueError) as exc:
         raise ValueError(f"{path}: sample {s['key']}: unreadable image ({exc})") from None
-    meta = {}
-    if ".json" in s:
-        try:
-            meta = json.loads(s[".json"].decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ValueError(f"{path}: sample {s['key']}: its .json is not valid JSON ({exc})") from None
-    caption = s[".txt"].decode("utf-8", "replace").strip() if ".txt" in s else meta.get("caption")
+    meta, caption = sample_text(path, s["key"], s.get(".json"), s.get(".txt"), ValueError)
     url = meta.get("url") if isinstance(meta, dict) else None
     return [s["key"], offset, len(data), hashlib.sha256(data).hexdigest(), width, height,
             url if isinstance(url, str) else None, caption if isinstance(caption, str) else None]

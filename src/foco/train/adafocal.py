@@ -15,6 +15,7 @@ from ..backbones.base import ImageFeatures, TextFeatures
 from ..methods.adafocal import AdaFocalConfig, AdaFocalModel
 from ..model.caam import CAAMConfig
 from ..model.encoder import FoCoConfig
+from ..utils.device import to_device
 from .distributed import RunContext, context
 from .harness import Plan, train_run
 from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
@@ -58,10 +59,10 @@ class Quadruples:
         """Rows (b,) -> (reference, modification, box (b, P), target (b, D)), on `device`."""
         rows = rows.to(self.ref_global.device)
         t = self.text
-        ref = ImageFeatures(self.ref_global[rows].to(device).float(), self.ref_patches[rows].to(device).float())
-        mod = TextFeatures(t.global_[rows].to(device).float(), t.tokens[rows].to(device).float(),
-                           t.mask[rows].to(device))
-        return ref, mod, self.box_mask[rows].to(device), self.target_global[rows].to(device).float()
+        on = lambda x: to_device(x[rows], device)  # noqa: E731  pinned, non-blocking onto a GPU; cast there
+        ref = ImageFeatures(on(self.ref_global).float(), on(self.ref_patches).float())
+        mod = TextFeatures(on(t.global_).float(), on(t.tokens).float(), on(t.mask))
+        return ref, mod, on(self.box_mask), on(self.target_global).float()
 
     def hard_batch(self, rows: torch.Tensor, device: torch.device | str
                    ) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -69,7 +70,7 @@ class Quadruples:
         if self.hard is None:
             return None
         rows = rows.to(self.hard.device)
-        return self.hard[rows].to(device).float(), self.hard_mask[rows].to(device)
+        return to_device(self.hard[rows], device).float(), to_device(self.hard_mask[rows], device)
 
 
 @dataclass
