@@ -175,21 +175,27 @@ def tiny_world(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def train_features(tiny_world, tmp_path_factory):
-    """The tiny world's training split encoded once per run by a small random world backbone, at precision auto
-    (bf16 where the CPU has it natively: half the frozen text encoder's time)."""
+    """The tiny world's training split encoded once per run by a small random world backbone, in fp32 (bf16 would
+    halve the frozen text encoder's time, about 4 s here, but rounds differently on each CPU kind: every test that
+    trains on these features would then depend on the machine)."""
 
     def build(root):
-        import torch
-        from foco import create_backbone
-        from foco.backbones.world import WorldCLIP, save_world_checkpoint
-        from foco.features import ExtractConfig
-        from foco.world.splits import extract_world_split
-        from test_train import SMALL
-        torch.manual_seed(0)
-        save_world_checkpoint(WorldCLIP(SMALL), root / "bb")
-        extract_world_split(create_backbone(f"world:{root / 'bb'}"), tiny_world, "train", root / "f",
-                            ExtractConfig(precision="auto"), include_captions=False)
+        from trainer_runs import build_train_features
+        build_train_features(tiny_world, root)
     return _shared(tmp_path_factory, "train-feats", build) / "f"
+
+
+@pytest.fixture(scope="session")
+def trainer_runs(tiny_world, train_features, tmp_path_factory):
+    """Every trainer's tiny run from the CLI (tests/trainer_runs.py), once per run: `<root>/<name>` as each
+    command wrote it, and `found.json`, the tensors foco's code made without their device during the runs' epochs.
+    The goldens test hashes them; tests that need one of these trained checkpoints read it (read-only: copy it to
+    continue it)."""
+
+    def build(root):
+        from trainer_runs import run_every_trainer, write_json
+        write_json(root / "found.json", run_every_trainer(tiny_world, train_features, root))
+    return _shared(tmp_path_factory, "trainer-runs", build)
 
 
 @pytest.fixture(scope="session")

@@ -212,5 +212,5 @@ def test_cuda_extraction_writes_what_the_cpu_writes(tiny_world, tmp_path):
 
 
 # Every trainer from the command line with --device cpu under the FactoryRecorder: the one run of each trainer in
-# tests/test_same_checkpoints.py (FoCo's stages 1-2, its edit stage with the target-image term, Pic2Word, PACT,
-# TSCIR, LinCIR + AD, the world backbone) asserts it beside its weights.
+# tests/trainer_runs.py (FoCo's stages 1-2, its edit stage with the target-image term, Pic2Word, PACT, TSCIR,
+# LinCIR, the world backbone), made once per test run; tests/test_same_checkpoints.py asserts it beside its weights.

@@ -381,8 +381,7 @@ def test_online_batches_reach_the_backbone_on_its_device(tmp_path, monkeypatch):
 
 def test_world_pixels_encode_bit_for_bit_as_images_encoded_whole():
     """The world backbone's pixel path lays its batch out channels-last, as `preprocess_images` does, so the
-    convolutions take the same kernels: the features are bit for bit those of the old path (what the trainers'
-    goldens, tests/test_same_checkpoints.py, were made from)."""
+    convolutions take the same kernels: the features are bit for bit those of the old path."""
     import numpy as np
     import torch
     from PIL import Image
