@@ -37,7 +37,7 @@ def tiny_features(tiny_world, tmp_path_factory):
 
 def _args(world, features, out, *extra):
     return ["ablate", "--world", str(world), "--features", str(features), "--out", str(out), "--size", "tiny",
-            "--split", "val", "--max-steps", "2", "--precision", "fp32", *extra]
+            "--split", "val", "--max-steps", "2", "--batch-size", "8", "--precision", "fp32", *extra]
 
 
 def _query(folder):
@@ -93,6 +93,10 @@ def test_every_variant_trains_two_steps_and_changes_the_output(tiny_world, tiny_
     # one folder, one budget: another --pairs is refused by name
     assert main(_args(tiny_world, tiny_features, out, "--variants", "no-background", "--pairs", "100")) == 2
     assert "--pairs" in capsys.readouterr().err
+    # and one batch size: every variant trained at --batch-size 8, another one refused by name
+    assert json.loads((out / "paper" / "no-background" / "seed0" / "foco.json").read_text())["train"]["batch_size"] == 8
+    assert main(_args(tiny_world, tiny_features, out, "--variants", "no-background", "--batch-size", "16")) == 2
+    assert "--batch-size" in capsys.readouterr().err
 
     # the edit-supervised recipe resumes each variant's paper run into the edit stage
     assert main(_args(tiny_world, tiny_features, out, "--variants", "no-background", "--recipe", "edits")) == 0

@@ -48,6 +48,7 @@ class AblateConfig:
     size: str = "default"  # the quickstart plan whose training settings every variant uses
     precision: str = "auto"
     max_steps: int | None = None  # cap on each stage's steps (smoke runs)
+    batch_size: int | None = None  # examples per step instead of the plan's (smoke runs, a memory budget)
     device: str = "auto"  # foco.utils.device
     protocols: tuple[str, ...] = ("single", "multi")  # the world protocols evaluated (e.g. ("restaged",))
 
@@ -78,7 +79,7 @@ def run_ablation(cfg: AblateConfig) -> dict:
     plan = quickstart_plan(cfg.size)
     device = str(resolve_device(cfg.device))
     base = replace(plan.foco, precision=resolve_precision(cfg.precision, device), max_steps=cfg.max_steps,
-                   device=device)
+                   batch_size=cfg.batch_size or plan.foco.batch_size, device=device)
     _check_settings(out, cfg, manifest["backbone"], base.precision)
     backbone = create_backbone(manifest["backbone"], device)
     data = _Data(cfg, backbone, train_features, manifest.get("precision", "fp32"), plan.edits, device)
@@ -250,12 +251,13 @@ def _check_settings(out: Path, cfg: AblateConfig, backbone: str, precision: str)
     refused, naming the flag."""
     now = {"world": str(Path(cfg.world).resolve()), "features": str(Path(cfg.features).resolve()),
            "pairs": cfg.pairs, "size": cfg.size, "precision": precision, "max_steps": cfg.max_steps,
-           "backbone": backbone}
+           "batch_size": cfg.batch_size, "backbone": backbone}
     path = out / "ablate.json"
     if path.is_file():
         saved = read_json(path)
         flags = {"world": "--world", "features": "--features", "pairs": "--pairs", "size": "--size",
-                 "precision": "--precision", "max_steps": "--max-steps", "backbone": "--features"}
+                 "precision": "--precision", "max_steps": "--max-steps", "batch_size": "--batch-size",
+                 "backbone": "--features"}
         diff = [f"{flags[k]} {saved.get(k)!r} (now {v!r})" for k, v in now.items() if saved.get(k) != v]
         if diff:
             raise ValueError(f"{out} holds ablation runs made with " + ", ".join(diff) +

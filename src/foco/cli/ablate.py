@@ -31,7 +31,8 @@ def _ablate(a: argparse.Namespace) -> int:
     from ..ablation.variants import variants
     cfg = AblateConfig(world=Path(a.world), features=Path(a.features), out=Path(a.out), recipe=a.recipe,
                        variants=variants(a.variants), split=a.split, seeds=a.seeds, pairs=a.pairs, size=a.size,
-                       precision=a.precision, max_steps=a.max_steps, device=a.device, protocols=a.protocols)
+                       precision=a.precision, max_steps=a.max_steps, batch_size=a.batch_size, device=a.device,
+                       protocols=a.protocols)
     table = run_ablation(cfg)
     print(markdown(table))
     print(f"tables in {a.out}/ablations.md and {a.out}/ablations.json; checkpoints in {a.out}/{a.recipe}/")
@@ -71,5 +72,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the quickstart's training settings for this world size")
     p.add_argument("--precision", default="auto", choices=["auto", "fp32", "bf16"], help="of FoCo training")
     p.add_argument("--max-steps", type=positive_int, default=None, help="cap on each stage's steps (smoke runs)")
+    p.add_argument("--batch-size", type=positive_int, default=None,
+                   help="examples per step of every variant instead of the --size plan's (smoke runs, or a memory "
+                        "budget); recorded, so one --out holds one batch size")
     add_device_arg(p)
     p.set_defaults(func=_ablate)

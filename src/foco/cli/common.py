@@ -229,12 +229,11 @@ def add_distributed_args(p: argparse.ArgumentParser, sync: bool = True) -> None:
 def run_context(a: argparse.Namespace):
     """The run's context (`foco.train.distributed.RunContext`) from a trainer's options, made once: this rank's
     device and ranks, the process group joined (under torchrun or --force-distributed), seed and --out."""
-    from ..train.distributed import env_from_torchrun, init_distributed
-    env = env_from_torchrun(a.device, forced=a.force_distributed).for_run(a.seed, a.out)
-    env = init_distributed(env, timeout_s=a.dist_timeout, setup_timeout_s=a.setup_timeout)
-    if env.enabled and env.is_main:
-        import sys
-        import torch.distributed as dist
-        print(f"process group: {dist.get_backend()}, {env.world_size} rank(s) on {env.device}"
-              f"{' (forced: --force-distributed)' if env.world_size == 1 else ''}", file=sys.stderr, flush=True)
-    return env
+    from ..train.distributed import start_run
+    return start_run(launch(a), a.seed, a.out)
+
+
+def launch(a: argparse.Namespace):
+    """A trainer's --device, --force-distributed, --dist-timeout and --setup-timeout as a typed `Launch`."""
+    from ..train.distributed import Launch
+    return Launch(a.device, bool(a.force_distributed), a.dist_timeout, a.setup_timeout)

@@ -2,13 +2,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
+from ..train.resume_rule import RESUME_RULE
 from .common import setting_list
-
-
-RESUME_RULE = ("a run in --out is continued where it left off (changed settings refused unless --allow-changed); "
-               "--restart starts it over")
 
 
 def add_resume_args(p: argparse.ArgumentParser) -> None:
@@ -22,41 +18,29 @@ def add_resume_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-resume", action="store_true", help="deprecated: the same as --restart")
 
 
+def resume_flags(a: argparse.Namespace):
+    """The resume rule's flags as a typed `ResumeFlags`."""
+    from ..train.resume_rule import ResumeFlags
+    return ResumeFlags(bool(getattr(a, "restart", False)), bool(getattr(a, "resume", False)),
+                       bool(getattr(a, "no_resume", False)))
+
+
 def check_resume(a: argparse.Namespace) -> None:
-    """The flags of the resume rule, checked before anything runs: the deprecated ones are noted; `--resume` with
-    no run in --out is refused (starting afresh silently would hide a mistyped folder), and so is `--resume` with
-    `--restart`."""
-    import sys
-    from ..utils.checkpoint import has_training_state
+    """The flags of the resume rule, checked once before anything runs (`foco.train.resume_rule`)."""
+    from ..train.resume_rule import check_resume_flags
     if getattr(a, "resume_checked", False):
         return
     a.resume_checked = True
-    resume, restart = getattr(a, "resume", False), getattr(a, "restart", False)
-    if getattr(a, "no_resume", False):
-        print("foco: --no-resume is deprecated; it means --restart", file=sys.stderr)
-        a.restart = restart = True
-    if resume:
-        if restart:
-            raise ValueError("--resume and --restart contradict each other: drop one (continuing is the default)")
-        print("foco: --resume is deprecated: " + RESUME_RULE, file=sys.stderr)
-        if not has_training_state(Path(a.out) / "train_state"):
-            raise ValueError(f"--resume: {a.out} holds no training run to continue; drop --resume to start one")
+    check_resume_flags(a.out, resume_flags(a))
 
 
 def start_or_continue(a: argparse.Namespace, env=None) -> bool:
-    """Applies the resume rule once the ranks are up (`env`, a `DistEnv`, or None on one process): with --restart
-    the main rank clears --out and the others wait for it. Returns the trainers' `resume` (always True: a run in
-    --out, if one is left, is continued)."""
-    import sys
-    from ..train.distributed import barrier
-    from ..train.loop import clear_run
+    """Applies the resume rule once the ranks are up (`env`, a `RunContext`, or None on one process): with
+    --restart the main rank clears --out and the others wait for it. Returns the trainers' `resume` (always True: a
+    run in --out, if one is left, is continued)."""
+    from ..train.resume_rule import apply_resume_rule
     check_resume(a)
-    if getattr(a, "restart", False) and (env is None or env.is_main):
-        removed = clear_run(a.out)
-        if removed:
-            print(f"foco: --restart: removed {', '.join(removed)} from {a.out}", file=sys.stderr)
-    if env is not None:
-        barrier(env)
+    apply_resume_rule(a.out, resume_flags(a), env)
     return True
 
 

@@ -2,11 +2,10 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from .common import (add_decomposition_args, add_device_arg, add_distributed_args, add_owned_output,
-                     add_precision_arg, learning_rate, loss_weight, nonneg_int, positive_int, run_context, seed_int)
-from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
+                     add_precision_arg, learning_rate, loss_weight, nonneg_int, positive_int, seed_int)
+from .resume import add_allow_changed, add_resume_args
 
 
 def _features_extract(a: argparse.Namespace) -> int:
@@ -72,57 +71,33 @@ def _features_verify(a: argparse.Namespace) -> int:
     return 0
 
 
-def _world(a: argparse.Namespace) -> str | None:
-    """The fingerprint of --world, the world the training features come from (None without one)."""
-    from ..world.generate import world_fingerprint
-    return world_fingerprint(a.world) if a.world else None
-
-
 def _train(a: argparse.Namespace) -> int:
-    from ..backbones import create_backbone
+    """A thin map of the flags onto `foco.train.job.FoCoJob`; the library runs it."""
     from ..model import FoCoConfig
-    from ..model.encoder import shape_fields
-    from ..train.foco import FoCoTrainConfig, train_foco
-    from ..train.sources import edit_records, training_data
-    check_resume(a)
-    if a.online and a.edits:
-        raise ValueError("--online trains the paper's two stages (no --edits)")
-    data = training_data(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback,
-                         online=a.online, backbone=a.backbone, workers=a.workers)  # the kind, chosen once
-    from ..train.distributed import shutdown
-    # torchrun ... -m foco train: the run's context, made once and passed down
-    env = run_context(a)
-    resume = start_or_continue(a, env)
-    cfg = FoCoTrainConfig(stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
-                          lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp,
-                          max_negatives=a.max_negatives, seed=a.seed, max_pairs=a.max_pairs,
-                          min_pairs=a.min_pairs,
-                          model=FoCoConfig(learn_bias=a.learn_bias, background=a.background,
-                                           **shape_fields(a.shape)),
-                          stage3_epochs=a.stage3_epochs if a.edits else 0, lr_edit_aggr=a.lr_edit,
-                          lr_edit_comp=a.lr_edit, preserve_weight=a.preserve_weight,
-                          edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
-                          precision=a.precision, compile=a.compile, device=env.device, sync_every=a.sync_every,
-                          allow_changed=tuple(a.allow_changed))
-    table, sharded = data.pair_table(env, max_pairs=a.max_pairs)  # the decompositions are checked here, first
-    spec = data.backbone_spec
-    if sharded:
-        print(f"rank {env.rank}: {len(table)} images from feature shards {', '.join(table.parts)}", flush=True)
-    edits = None
-    if a.edits:
-        edits = data.edit_table(create_backbone(spec, env.device), edit_records(a.edits, a.edit_settings, _world(a)),
-                                a.edit_features or Path(a.out) / "edit-features", env)
-        if a.image_weight > 0:
-            from ..train.targets import parse_threshold
-            edits, match = edits.with_targets(parse_threshold(a.target_threshold))
-            print(match.summary())
-    meta = {"backbone": spec, "provenance": data.provenance()}
-    train_foco(table, a.out, cfg, resume=resume, meta=meta, edits=edits, sharded=sharded, ctx=env)
-    shutdown(env)
-    if not env.is_main:
-        return 0
-    print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
-          f"curve {a.out}/loss_curve.png")
+    from ..model.encoder import SHAPES
+    from ..train.distributed import Launch
+    from ..train.foco import FoCoTrainConfig
+    from ..train.job import EditStage, FoCoJob, run_foco_job
+    from ..train.resume_rule import ResumeFlags
+    from ..train.sources import DataSpec
+    job = FoCoJob(
+        out=a.out,
+        train=FoCoTrainConfig(
+            stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
+            lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp, max_negatives=a.max_negatives, seed=a.seed,
+            max_pairs=a.max_pairs, min_pairs=a.min_pairs,
+            model=FoCoConfig(learn_bias=a.learn_bias, background=a.background, **SHAPES[a.shape]),
+            stage3_epochs=a.stage3_epochs, lr_edit_aggr=a.lr_edit, lr_edit_comp=a.lr_edit,
+            preserve_weight=a.preserve_weight, edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
+            precision=a.precision, compile=a.compile, sync_every=a.sync_every, allow_changed=tuple(a.allow_changed)),
+        data=DataSpec(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback,
+                      a.online, a.backbone, a.workers),
+        launch=Launch(a.device, bool(a.force_distributed), a.dist_timeout, a.setup_timeout),
+        resume=ResumeFlags(bool(a.restart), bool(a.resume), bool(a.no_resume)),
+        edits=EditStage(a.edits, a.edit_settings, a.edit_features, a.target_threshold) if a.edits else None)
+    if run_foco_job(job):
+        print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
+              f"curve {a.out}/loss_curve.png")
     return 0
 
 

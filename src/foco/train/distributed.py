@@ -109,6 +109,29 @@ def init_distributed(env: RunContext, backend: str | None = None, timeout_s: flo
     return replace(env, step_timeout_s=float(timeout_s), setup_timeout_s=float(setup))
 
 
+@dataclass(frozen=True)
+class Launch:
+    """How a training run starts: its device ("auto", "cpu", "cuda", ...), the data-parallel path at world size 1
+    (`forced`), and the collectives' timeouts (the step's, and the setup's until the first step; None: the
+    larger of the step's and `SETUP_TIMEOUT_S`)."""
+    device: str = "auto"
+    forced: bool = False
+    dist_timeout_s: float = DEFAULT_TIMEOUT_S
+    setup_timeout_s: float | None = None
+
+
+def start_run(launch: Launch, seed: int, out: str | os.PathLike | None) -> RunContext:
+    """The run's context, made once: this rank's device and ranks (torchrun's, or one process), the process group
+    joined when there is one, the run's seed and output folder."""
+    env = env_from_torchrun(launch.device, forced=launch.forced).for_run(seed, out)
+    env = init_distributed(env, timeout_s=launch.dist_timeout_s, setup_timeout_s=launch.setup_timeout_s)
+    if env.enabled and env.is_main:
+        import sys
+        print(f"process group: {dist.get_backend()}, {env.world_size} rank(s) on {env.device}"
+              f"{' (forced: --force-distributed)' if env.world_size == 1 else ''}", file=sys.stderr, flush=True)
+    return env
+
+
 def steady(env: DistEnv) -> float | None:
     """A phase's first step is done (compiled, its columns' length agreed): the group's collectives now time out
     after the step timeout given to `init_distributed`. Returns it (None: no group, or one made elsewhere)."""

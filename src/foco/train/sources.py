@@ -240,6 +240,27 @@ def training_data(features: str | Path | None = None, world: str | Path | None =
     return SOURCES.get("world")(features, world, split, store, decomposer, max_fallback)
 
 
+@dataclass(frozen=True)
+class DataSpec:
+    """`training_data`'s arguments as one typed value (what `foco train` is told about its data)."""
+    features: str | None = None
+    world: str | None = None
+    split: str = "train"
+    shards: str | None = None
+    store: str | None = None
+    decomposer: str = "oracle"
+    max_fallback: float = 0.01
+    online: bool = False
+    backbone: str | None = None
+    workers: int = 2
+
+
+def data_of(spec: DataSpec) -> TrainingData:
+    """`training_data` of a `DataSpec`."""
+    return training_data(spec.features, spec.world, spec.split, spec.shards, spec.store, spec.decomposer,
+                         spec.max_fallback, online=spec.online, backbone=spec.backbone, workers=spec.workers)
+
+
 class ShardDecompositions:
     """The decompositions of one corpus shard at a time: its captions read from its tar, looked up in the store.
     Rows a fallback wrote are counted over every shard; `finish` refuses more than `max_fallback` of them
@@ -283,10 +304,15 @@ class ShardDecompositions:
                                                 self.flagged, self.seen, self.store, self.decomposer)
 
 
-def edit_records(store: str | Path, settings: str | None = None, world: str | None = None) -> list:
+def edit_records(store: str | Path, settings: str | None = None, world: str | None = None,
+                 world_root: str | Path | None = None) -> list:
     """The ITT triplets of an edit store (its one generator setting, or `settings`). With `world` (the fingerprint
-    of the world the training features come from), a store whose runs record another world is refused."""
+    of the world the training features come from; or `world_root`, that world's folder), a store whose runs record
+    another world is refused."""
     from ..edits.store import EditStore
+    if world is None and world_root is not None:
+        from ..world.generate import world_fingerprint
+        world = world_fingerprint(world_root)
     with EditStore(store) as s:
         names = list(s.settings())
         if len(names) != 1 and settings not in names:
