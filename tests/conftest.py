@@ -173,6 +173,22 @@ def tiny_world(tmp_path_factory):
     return _shared(tmp_path_factory, "world", build) / "tiny"
 
 
+# The smallest world the commands run end to end on: 192 training pairs (the tiny world's 600 with a third of its
+# test and val splits), for plumbing tests whose point is the path, not the amount of data.
+SMALL_WORLD = {"pretrain": 8, "train": 192, "backbone_val": 8, "val_single": 16, "val_multi": 8, "test_single": 8,
+               "test_multi": 4}
+
+
+@pytest.fixture(scope="session")
+def small_world(tmp_path_factory):
+    """A 192-pair world (`SMALL_WORLD`), generated once per run; read-only."""
+    from foco.world.generate import generate_world, world_config
+
+    def build(out):
+        generate_world(out / "small", world_config("tiny", **SMALL_WORLD))
+    return _shared(tmp_path_factory, "small-world", build) / "small"
+
+
 @pytest.fixture(scope="session")
 def train_features(tiny_world, tmp_path_factory):
     """The tiny world's training split encoded once per run by a small random world backbone, in fp32 (bf16 would

@@ -139,7 +139,8 @@ def test_tscir_trains_under_torchrun(tiny_world, train_features, tmp_path):  # n
     from foco.cli import main
     from foco.methods.composer import TextComposer
     store = tmp_path / "e.sqlite"
-    assert main(["edits", "generate", "--in", str(tiny_world), "--out", str(store), "--per-caption", "1"]) == 0
+    assert main(["edits", "generate", "--in", str(tiny_world), "--out", str(store), "--per-caption", "1",
+                 "--limit", "200"]) == 0  # 2 steps of 32 read 64 of them
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or "torchrun"
     common = ["--features", str(train_features), "--edits", str(store), "--edit-features", str(tmp_path / "texts"),

@@ -11,7 +11,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from foco.cli import main
-from test_field import mini_world  # noqa: F401  (fixture: a 192-pair world)
 from foco.methods.lincir import LinCIRConfig, LinCIRPhi
 from foco.train.lincir import LinCIRObjective, clean_caption, mask_caption, rejoin
 
@@ -84,8 +83,7 @@ def test_the_objective_matches_a_caption_by_caption_twin(tiny_world):
 
 
 @pytest.mark.slow
-def test_train_and_evaluate_from_the_cli(tiny_world, mini_world, trainer_runs, eval_features, tmp_path,  # noqa: F811
-                                         capsys):
+def test_train_and_evaluate_from_the_cli(tiny_world, small_world, trainer_runs, eval_features, tmp_path, capsys):
     import shutil
     from foco.features import FeatureCache
     from foco.train.lincir import lincir_captions
@@ -97,12 +95,12 @@ def test_train_and_evaluate_from_the_cli(tiny_world, mini_world, trainer_runs, e
     shutil.copytree(trainer_runs / "lincir", out)
     meta = json.loads((out / "lincir.json").read_text())
     assert meta["captions"] == 600 and meta["backbone"] == spec and not meta["added_decompositions"]
-    ad = tmp_path / "lc-ad"  # +AD: the decomposition pairs, rejoined, join the captions (the mini world's 192)
-    assert main(["lincir", "train", "--world", str(mini_world), "--backbone", "world:pretrained", "--out", str(ad),
+    ad = tmp_path / "lc-ad"  # +AD: the decomposition pairs, rejoined, join the captions (the small world's 192)
+    assert main(["lincir", "train", "--world", str(small_world), "--backbone", "world:pretrained", "--out", str(ad),
                  "--epochs", "1", "--batch-size", "64", "--add-decompositions", "--seed", "1"]) == 0
     meta_ad = json.loads((ad / "lincir.json").read_text())
-    plain = len(load_pairs(mini_world, "train"))
-    assert meta_ad["captions"] == len(lincir_captions(mini_world, "train", True)) > plain == 192
+    plain = len(load_pairs(small_world, "train"))
+    assert meta_ad["captions"] == len(lincir_captions(small_world, "train", True)) > plain == 192
     assert meta_ad["added_decompositions"]
     assert main(["lincir", "train", "--world", str(tiny_world), "--backbone", spec, "--out", str(out),
                  "--epochs", "1"]) == 2  # a finished run is continued, and another batch size is refused

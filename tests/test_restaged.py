@@ -19,9 +19,9 @@ from foco.world.scene import Scene, sample_scene
 
 
 @pytest.fixture
-def world(tiny_world, tmp_path):
-    """A copy of the tiny world: `world restage` writes into the world folder."""
-    return shutil.copytree(tiny_world, tmp_path / "w")
+def world(small_world, tmp_path):
+    """A copy of the 192-pair world: `world restage` writes into the world folder."""
+    return shutil.copytree(small_world, tmp_path / "w")
 
 
 def _gallery(world, split="val", protocol="restaged"):

@@ -56,30 +56,30 @@ def _leftovers(folder: Path) -> list[Path]:
 
 
 # bf16 where this CPU has it natively (half the encoder's time); the same precision in every run of a test
-EXTRACT = ["features", "extract", "--backbone", "world:pretrained", "--split", "train", "--shard-size", "128",
+EXTRACT = ["features", "extract", "--backbone", "world:pretrained", "--split", "train", "--shard-size", "32",
            "--precision", "auto"]
 
 
 @pytest.fixture(scope="session")
-def clean_train_cache(tiny_world, tmp_path_factory):
-    """An uninterrupted extraction of the train split, built once per run (`conftest._shared`): the reference that
-    interrupted ones must equal."""
+def clean_train_cache(small_world, tmp_path_factory):
+    """An uninterrupted extraction of the 192-pair world's train split, built once per run (`conftest._shared`): the
+    reference that interrupted ones must equal."""
 
     def build(root):
-        r = _run([*EXTRACT, "--world", tiny_world, "--out", root / "feats"])
+        r = _run([*EXTRACT, "--world", small_world, "--out", root / "feats"])
         assert r.returncode == 0, r.stderr
     return _tensors(_shared(tmp_path_factory, "clean-train-cache", build) / "feats")
 
 
 @pytest.mark.slow
-def test_a_full_disk_stops_extraction_cleanly_and_a_rerun_completes_it(tiny_world, clean_train_cache, tmp_path):
+def test_a_full_disk_stops_extraction_cleanly_and_a_rerun_completes_it(small_world, clean_train_cache, tmp_path):
     out = tmp_path / "feats"
-    r = _run([*EXTRACT, "--world", tiny_world, "--out", out], fsize=200_000)  # a shard of patches is ~4 MB
+    r = _run([*EXTRACT, "--world", small_world, "--out", out], fsize=200_000)  # a shard of patches is ~0.8 MB
     assert r.returncode == 2, r.stderr
     assert "cannot write" in r.stderr and "shard-00000.safetensors" in r.stderr and "Traceback" not in r.stderr
     assert "rerun the same command" in r.stderr
     assert _leftovers(out) == []
-    r = _run([*EXTRACT, "--world", tiny_world, "--out", out])
+    r = _run([*EXTRACT, "--world", small_world, "--out", out])
     assert r.returncode == 0, r.stderr
     assert _same(_tensors(out), clean_train_cache)
 
@@ -177,9 +177,9 @@ def test_every_writing_command_refuses_a_read_only_output_before_any_work(read_o
 
 
 @pytest.mark.slow
-def test_sigkill_during_extraction_resumes_to_identical_shards(tiny_world, clean_train_cache, tmp_path):
+def test_sigkill_during_extraction_resumes_to_identical_shards(small_world, clean_train_cache, tmp_path):
     out = tmp_path / "feats"
-    p = _foco([*EXTRACT, "--world", tiny_world, "--out", out])
+    p = _foco([*EXTRACT, "--world", small_world, "--out", out])
     marker = out / "texts" / "shard-00001.json"
     deadline = time.time() + 300
     while not marker.exists() and p.poll() is None and time.time() < deadline:
@@ -188,7 +188,7 @@ def test_sigkill_during_extraction_resumes_to_identical_shards(tiny_world, clean
     p.communicate()
     assert p.returncode == -signal.SIGKILL, "the extraction finished before it could be killed"
     assert not (out / "texts" / "shard-00004.json").exists()  # it was stopped mid-way
-    r = _run([*EXTRACT, "--world", tiny_world, "--out", out])
+    r = _run([*EXTRACT, "--world", small_world, "--out", out])
     assert r.returncode == 0, r.stderr
     assert _same(_tensors(out), clean_train_cache)
     assert _leftovers(out) == []
