@@ -214,10 +214,9 @@ def trainer_runs(tiny_world, train_features, tmp_path_factory):
     return _shared(tmp_path_factory, "trainer-runs", build)
 
 
-@pytest.fixture(scope="session")
-def edit_table(tiny_world, train_features, tmp_path_factory):
-    """Rule-written edits of the tiny world's training split, their texts encoded once per run; the table is
-    joined in each worker."""
+def _edits(tiny_world, train_features, tmp_path_factory, name: str, sources: int | None, per_caption: int):
+    """Rule-written edits of the tiny world's first `sources` training captions (None: all), their texts encoded
+    once per run; the table is joined in each worker."""
     from foco.edits.store import EditStore
     from foco.train.edit_data import build_edit_table
 
@@ -228,17 +227,29 @@ def edit_table(tiny_world, train_features, tmp_path_factory):
         from foco.edits.run import GenerateConfig, run_generate
         from foco.features import ExtractConfig, FeatureCache
         from foco.train.edit_data import encode_edit_texts
-        sources = [(r.id, r.truth) for r in read_captions(tiny_world, split="train")]
-        stats = run_generate(sources, RuleWriter(), root / "e.sqlite", GenerateConfig(per_caption=2))
+        captions = [(r.id, r.truth) for r in read_captions(tiny_world, split="train")][:sources]
+        stats = run_generate(captions, RuleWriter(), root / "e.sqlite", GenerateConfig(per_caption=per_caption))
         with EditStore(root / "e.sqlite") as store:
             records = store.records(stats.settings_id)
         backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
         encode_edit_texts(backbone, records, root / "texts", cfg=ExtractConfig(precision="auto"))
         (root / "settings.json").write_text(json.dumps({"settings_id": stats.settings_id}))
-    root = _shared(tmp_path_factory, "edits", build)
+    root = _shared(tmp_path_factory, name, build)
     with EditStore(root / "e.sqlite") as store:
         records = store.records(json.loads((root / "settings.json").read_text())["settings_id"])
     return build_edit_table(train_features, root / "texts", records)
+
+
+@pytest.fixture(scope="session")
+def edit_table(tiny_world, train_features, tmp_path_factory):
+    """Rule-written edits of the tiny world's training split (2 per caption, 1,200), for tests that train on them."""
+    return _edits(tiny_world, train_features, tmp_path_factory, "edits", None, 2)
+
+
+@pytest.fixture(scope="session")
+def small_edit_table(tiny_world, train_features, tmp_path_factory):
+    """Edits of the first 64 training captions (1 each): for tests of a path, not of learning."""
+    return _edits(tiny_world, train_features, tmp_path_factory, "small-edits", 64, 1)
 
 
 @pytest.fixture(scope="session")

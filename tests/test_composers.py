@@ -157,6 +157,7 @@ def test_tscir_maps_then_composes_on_retrieved_targets(clip_dir, tmp_path):  # n
     assert _hits(t, v) > 10 / 64
 
 
+@pytest.mark.slow  # over 5 s (issue 53: make test-fast within 2 minutes)
 def test_the_methods_compose_from_their_checkpoints(edit_table, train_features, tmp_path):  # noqa: F811
     from foco import create_backbone
     from foco.features import FeatureCache

@@ -113,7 +113,7 @@ class _Stepped(Exception):
 
 
 def test_foco_steps_touch_nothing_on_the_cpu_when_the_model_is_elsewhere(monkeypatch, tiny_world, train_features,  # noqa: F811
-                                                                        edit_table):  # noqa: F811
+                                                                        small_edit_table):  # noqa: F811
     """One step and its backward of each FoCo stage (1, 2 and the edit stage) with the model on `meta`."""
     from foco.model import FoCoConfig
     from foco.train.data import build_pair_table
@@ -137,7 +137,7 @@ def test_foco_steps_touch_nothing_on_the_cpu_when_the_model_is_elsewhere(monkeyp
     cfg = FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, stage3_epochs=1, batch_size=16, max_negatives=5,
                           model=FoCoConfig(learn_bias=True), device="meta")
     with pytest.raises(_Stepped):
-        train_foco(table, "unused", cfg, edits=edit_table)
+        train_foco(table, "unused", cfg, edits=small_edit_table)
     assert stepped == [{"stage": 1}, {"stage": 2}, {"stage": 3}]
     assert mix.found == [], "\n".join(mix.found)
     with pytest.raises(_Stepped):  # all negatives, and the naive negatives of ablation 2b/2c

@@ -102,6 +102,7 @@ def _grads_worker(rank: int, world: int, rendezvous: str, stage: int, max_neg, o
         raise
 
 
+@pytest.mark.slow  # two processes or a training run: about 4-5 s each (issue 53: make test-fast within 2 minutes)
 @pytest.mark.parametrize("stage,max_neg", [(1, None), (2, None), (2, 7)])
 def test_two_ranks_compute_the_single_process_losses_and_gradients(stage, max_neg, tmp_path):
     import json
@@ -293,6 +294,7 @@ def _edit_worker(rank: int, world: int, rendezvous: str, out: str) -> None:
     _finish(rank, world)
 
 
+@pytest.mark.slow  # two processes or a training run: about 4-5 s each (issue 53: make test-fast within 2 minutes)
 def test_the_edit_stage_on_two_ranks_matches_one_process(tmp_path):
     """foco-edits' stage 3: targets, sources and target images gathered as features, queries with their gradient."""
     import json

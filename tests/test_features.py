@@ -153,7 +153,7 @@ class _ReadsEverything(QueryMethod):
         return ComposedQuery(torch.nn.functional.normalize(q, dim=-1), None, None)
 
 
-def test_evaluation_and_edit_tables_read_features_a_batch_at_a_time(tmp_path, tiny_world, edit_table,
+def test_evaluation_and_edit_tables_read_features_a_batch_at_a_time(tmp_path, tiny_world, small_edit_table,
                                                                     train_features, monkeypatch):
     """A benchmark part holds the gallery's globals only; composing reads each batch's reference patches and text
     tokens from the shards (never more rows than the batch) and gives the queries the whole cache gives. The edit
@@ -187,9 +187,10 @@ def test_evaluation_and_edit_tables_read_features_a_batch_at_a_time(tmp_path, ti
     want = compose(_ReadsEverything(), bench, eager, batch_size=len(bench.queries)).query
     assert torch.allclose(got, want, atol=1e-6)
     # the edit table: globals in memory, a batch's patches and instruction tokens read when it is drawn
-    assert isinstance(edit_table.patches, RowView) and not isinstance(edit_table.text_tokens, torch.Tensor)
+    assert isinstance(small_edit_table.patches, RowView) and not isinstance(small_edit_table.text_tokens,
+                                                                           torch.Tensor)
     _, whole = FeatureCache(train_features).images(dtype=None)
     idx = torch.tensor([5, 0, 3, 3])
-    b = edit_table.batch(idx)
-    assert torch.equal(b.reference.patches, whole.patches[edit_table.source[idx]].float())
+    b = small_edit_table.batch(idx)
+    assert torch.equal(b.reference.patches, whole.patches[small_edit_table.source[idx]].float())
     assert b.instruction.mask.shape[1] == int(b.instruction.mask.sum(1).max())  # padded to this batch's longest

@@ -119,6 +119,7 @@ def _inner_suite(pytester) -> None:
     """))
 
 
+@pytest.mark.slow  # over 5 s (issue 53: make test-fast within 2 minutes)
 def test_a_test_leaves_no_state_to_the_next_and_the_order_option_orders(pytester, monkeypatch, tmp_path):
     torch_threads = 2  # the inner run starts with 2 threads, and its first test sets 1: a leak would show
     _inner_suite(pytester)

@@ -41,7 +41,7 @@ class Kind:
         self.expected = consume(clean)
 
 
-def _world_kind(tiny_world: Path, tmp: Path) -> Kind:
+def _world_kind(world: Path, tmp: Path) -> Kind:
     from foco.world.manifest import load_benchmark, load_pairs
     files = ["world.json", "pairs/train.jsonl", "benchmarks/test/single/queries.jsonl",
              "benchmarks/test/single/gallery.jsonl"]
@@ -49,14 +49,14 @@ def _world_kind(tiny_world: Path, tmp: Path) -> Kind:
     for folder, source in ((clean, files), (partner, None)):
         for rel in files:
             (folder / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy(tiny_world / rel, folder / rel)
+            shutil.copy(world / rel, folder / rel)
     # the partner: the val split's files under the test names (another split of the same world), a world.json
     # of another world (the counts and hashes of the val files)
     for rel, other in (("benchmarks/test/single/queries.jsonl", "benchmarks/val/single/queries.jsonl"),
                        ("benchmarks/test/single/gallery.jsonl", "benchmarks/val/single/gallery.jsonl"),
                        ("pairs/train.jsonl", "pairs/backbone_val.jsonl")):
-        shutil.copy(tiny_world / other, partner / rel)
-    summary = json.loads((tiny_world / "world.json").read_text())
+        shutil.copy(world / other, partner / rel)
+    summary = json.loads((world / "world.json").read_text())
     summary["config"]["seed"] = 1
     (partner / "world.json").write_text(json.dumps(summary, indent=2))
 
@@ -172,9 +172,10 @@ def _edit_kind(tiny_world: Path, tmp: Path) -> Kind:
 
 
 @pytest.fixture(scope="module")
-def kinds(tiny_world, eval_features, four_image_index, tmp_path_factory) -> dict[str, Kind]:
+def kinds(tiny_world, small_world, eval_features, four_image_index, tmp_path_factory) -> dict[str, Kind]:
     tmp = tmp_path_factory.mktemp("artifact-fuzz")
-    return {k.name: k for k in (_world_kind(tiny_world, tmp), _cache_kind(eval_features, tmp),
+    # the world kind reads every pair and query of its files for each damage: the 192-pair world's
+    return {k.name: k for k in (_world_kind(small_world, tmp), _cache_kind(eval_features, tmp),
                                 _checkpoint_kind(tmp), _index_kind(tiny_world, four_image_index, tmp),
                                 _decomposition_kind(tiny_world, tmp), _edit_kind(tiny_world, tmp))}
 
@@ -324,6 +325,7 @@ def _outcome(kind: Kind, folder: Path, rel: str, damage: str) -> str:
     return "clean"
 
 
+@pytest.mark.slow  # 1,400 fuzzed artifacts and a module fixture of every kind: about 35 s (issue 53)
 @pytest.mark.parametrize("name", list(EXAMPLES))
 def test_every_damaged_artifact_is_refused_by_name_or_read_exactly(kinds, name):
     kind = kinds[name]

@@ -264,6 +264,7 @@ def test_a_world_backbone_config_that_is_damaged_is_refused_by_name(tmp_path, fi
     assert needle in str(err.value)
 
 
+@pytest.mark.slow  # two processes or a training run: about 4-5 s each (issue 53: make test-fast within 2 minutes)
 @pytest.mark.parametrize("damage", ["progress", "tensors"])
 def test_a_damaged_training_state_is_refused_on_resume_by_name(tiny_world, train_features, tmp_path, capsys, damage):
     args = ["train", "--features", train_features, "--world", tiny_world, "--out", tmp_path / "o",

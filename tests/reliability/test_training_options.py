@@ -81,6 +81,7 @@ def test_every_training_command_has_the_one_resume_rule():
         assert {"--restart", "--resume", "--no-resume", "--allow-changed"} <= flags, argv
 
 
+@pytest.mark.slow  # over 5 s (issue 53: make test-fast within 2 minutes)
 def test_a_run_is_continued_restarted_on_request_and_old_flags_still_work(train_features, tmp_path, capsys):
     from foco.cli import main
     out = tmp_path / "p2w"
