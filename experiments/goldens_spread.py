@@ -34,11 +34,11 @@ def one(out: Path) -> None:
     """In this process: world, fp32 features, every trainer; writes out/digest.json."""
     import torch
     from foco.cli import main
-    from trainer_runs import build_train_features, digest_all, run_every_trainer, write_json
+    from trainer_runs import build_train_features, digest_all, generate_small_world, run_every_trainer, write_json
     t0 = time.time()
     assert main(["world", "generate", "--out", str(out / "tiny"), "--size", "tiny"]) == 0
     features = build_train_features(out / "tiny", out / "feats")
-    found = run_every_trainer(out / "tiny", features, out / "runs")
+    found = run_every_trainer(out / "tiny", features, out / "runs", generate_small_world(out / "small"))
     write_json(out / "digest.json", {"capability": torch.backends.cpu.get_cpu_capability(), "found": found,
                                      "seconds": round(time.time() - t0, 1), "runs": digest_all(out / "runs")})
 
@@ -52,7 +52,7 @@ def compare(a: dict, b: dict) -> dict:
         worst = max(dists, key=dists.get)
         rep[run] = {"tensors": len(tensors),
                     "identical": sum(b["runs"][run][k]["sha256"] == v["sha256"] for k, v in tensors.items()),
-                    "max_distance": dists[worst], "worst": worst}
+                    "max_distance": dists[worst], "worst": worst, "per_tensor": dists}
     return rep
 
 
@@ -99,6 +99,13 @@ def main() -> None:
               "kinds": {k: {"env": KINDS[k], "capability": digests[k]["capability"], "seconds": digests[k]["seconds"],
                             "found": digests[k]["found"]} for k in kinds},
               "against": kinds[0], "spread": {k: compare(digests[kinds[0]], digests[k]) for k in kinds[1:]}}
+    # each tensor's largest distance over the kinds: the test's tolerance is FACTOR times it (or its trainer's median)
+    report["per_tensor"] = {run: {key: max(rep[run]["per_tensor"][key] for rep in report["spread"].values())
+                                  for key in report["spread"][kinds[1]][run]["per_tensor"]}
+                            for run in digests[kinds[0]]["runs"]}
+    for rep in report["spread"].values():
+        for r in rep.values():
+            del r["per_tensor"]
     for k, rep in report["spread"].items():
         print(f"{k} against {kinds[0]}:")
         for run, r in rep.items():

@@ -173,19 +173,14 @@ def tiny_world(tmp_path_factory):
     return _shared(tmp_path_factory, "world", build) / "tiny"
 
 
-# The smallest world the commands run end to end on: 192 training pairs (the tiny world's 600 with a third of its
-# test and val splits), for plumbing tests whose point is the path, not the amount of data.
-SMALL_WORLD = {"pretrain": 8, "train": 192, "backbone_val": 8, "val_single": 16, "val_multi": 8, "test_single": 8,
-               "test_multi": 4}
-
-
 @pytest.fixture(scope="session")
 def small_world(tmp_path_factory):
-    """A 192-pair world (`SMALL_WORLD`), generated once per run; read-only."""
-    from foco.world.generate import generate_world, world_config
+    """A 192-pair world (`trainer_runs.SMALL_WORLD`): the smallest the commands run end to end on, for tests whose
+    point is a path, not an amount of data; generated once per run, read-only."""
 
     def build(out):
-        generate_world(out / "small", world_config("tiny", **SMALL_WORLD))
+        from trainer_runs import generate_small_world
+        generate_small_world(out / "small")
     return _shared(tmp_path_factory, "small-world", build) / "small"
 
 
@@ -202,7 +197,7 @@ def train_features(tiny_world, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def trainer_runs(tiny_world, train_features, tmp_path_factory):
+def trainer_runs(tiny_world, small_world, train_features, tmp_path_factory):
     """Every trainer's tiny run from the CLI (tests/trainer_runs.py), once per run: `<root>/<name>` as each
     command wrote it, and `found.json`, the tensors foco's code made without their device during the runs' epochs.
     The goldens test hashes them; tests that need one of these trained checkpoints read it (read-only: copy it to
@@ -210,7 +205,7 @@ def trainer_runs(tiny_world, train_features, tmp_path_factory):
 
     def build(root):
         from trainer_runs import run_every_trainer, write_json
-        write_json(root / "found.json", run_every_trainer(tiny_world, train_features, root))
+        write_json(root / "found.json", run_every_trainer(tiny_world, train_features, root, small_world))
     return _shared(tmp_path_factory, "trainer-runs", build)
 
 
@@ -277,3 +272,21 @@ def four_image_index(tiny_world, tmp_path_factory):
             shutil.copy(p, root / "imgs" / p.name)
         build_index(IndexConfig(images=str(root / "imgs"), backbone="world:pretrained"), root / "idx")
     return _shared(tmp_path_factory, "four-image-index", build) / "idx"
+
+
+@pytest.fixture(scope="session")
+def corpus(tiny_world, tmp_path_factory):
+    """The tiny world's train split as 4 webdataset shards, their rule decompositions and fp32 features: built once
+    per run (`conftest._shared`), read-only."""
+
+    def build(root):
+        from foco.cli import main
+        assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
+                     "--out", str(root / "shards"), "--shard-size", "150"]) == 0
+        pattern = str(root / "shards" / "{00000..00003}.tar")
+        assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(root / "d.sqlite")]) == 0
+        assert main(["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out",
+                     str(root / "f"), "--decompositions", str(root / "d.sqlite"), "--decomposer", "rule", "--dtype",
+                     "float32", "--device", "cpu"]) == 0
+    root = _shared(tmp_path_factory, "online-corpus", build)
+    return root, str(root / "shards" / "{00000..00003}.tar"), root / "d.sqlite", root / "f"

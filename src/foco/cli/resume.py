@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 from ..train.resume_rule import RESUME_RULE
 from .common import setting_list
@@ -31,7 +32,8 @@ def check_resume(a: argparse.Namespace) -> None:
     if getattr(a, "resume_checked", False):
         return
     a.resume_checked = True
-    check_resume_flags(a.out, resume_flags(a))
+    flags = resume_flags(a)
+    check_resume_flags(a.out, flags, note=lambda line: print(line, file=sys.stderr))
 
 
 def start_or_continue(a: argparse.Namespace, env=None) -> bool:
@@ -40,7 +42,9 @@ def start_or_continue(a: argparse.Namespace, env=None) -> bool:
     run in --out, if one is left, is continued)."""
     from ..train.resume_rule import apply_resume_rule
     check_resume(a)
-    apply_resume_rule(a.out, resume_flags(a), env)
+    note = apply_resume_rule(a.out, resume_flags(a), env)
+    if note:
+        print(note, file=sys.stderr)
     return True
 
 

@@ -73,6 +73,7 @@ def _features_verify(a: argparse.Namespace) -> int:
 
 def _train(a: argparse.Namespace) -> int:
     """A thin map of the flags onto `foco.train.job.FoCoJob`; the library runs it."""
+    import sys
     from ..model import FoCoConfig
     from ..model.encoder import SHAPES
     from ..train.distributed import Launch
@@ -80,6 +81,8 @@ def _train(a: argparse.Namespace) -> int:
     from ..train.job import EditStage, FoCoJob, run_foco_job
     from ..train.resume_rule import ResumeFlags
     from ..train.sources import DataSpec
+    from .resume import check_resume
+    check_resume(a)  # the deprecated flags noted, --resume with no run refused, before anything runs
     job = FoCoJob(
         out=a.out,
         train=FoCoTrainConfig(
@@ -95,7 +98,8 @@ def _train(a: argparse.Namespace) -> int:
         launch=Launch(a.device, bool(a.force_distributed), a.dist_timeout, a.setup_timeout),
         resume=ResumeFlags(bool(a.restart), bool(a.resume), bool(a.no_resume)),
         edits=EditStage(a.edits, a.edit_settings, a.edit_features, a.target_threshold) if a.edits else None)
-    if run_foco_job(job):
+    if run_foco_job(job, report=lambda line: print(line, flush=True),
+                    note=lambda line: print(line, file=sys.stderr, flush=True)):
         print(f"FoCo checkpoint in {a.out} (foco.safetensors + foco.json); log {a.out}/train_log.jsonl, "
               f"curve {a.out}/loss_curve.png")
     return 0

@@ -124,12 +124,15 @@ def start_run(launch: Launch, seed: int, out: str | os.PathLike | None) -> RunCo
     """The run's context, made once: this rank's device and ranks (torchrun's, or one process), the process group
     joined when there is one, the run's seed and output folder."""
     env = env_from_torchrun(launch.device, forced=launch.forced).for_run(seed, out)
-    env = init_distributed(env, timeout_s=launch.dist_timeout_s, setup_timeout_s=launch.setup_timeout_s)
-    if env.enabled and env.is_main:
-        import sys
-        print(f"process group: {dist.get_backend()}, {env.world_size} rank(s) on {env.device}"
-              f"{' (forced: --force-distributed)' if env.world_size == 1 else ''}", file=sys.stderr, flush=True)
-    return env
+    return init_distributed(env, timeout_s=launch.dist_timeout_s, setup_timeout_s=launch.setup_timeout_s)
+
+
+def group_line(env: RunContext) -> str | None:
+    """What the main rank tells a user about the process group it joined (None without one)."""
+    if not (env.enabled and env.is_main):
+        return None
+    return (f"process group: {dist.get_backend()}, {env.world_size} rank(s) on {env.device}"
+            f"{' (forced: --force-distributed)' if env.world_size == 1 else ''}")
 
 
 def steady(env: DistEnv) -> float | None:
