@@ -13,9 +13,10 @@ SIZE   ?= default
 PYTEST_WORKERS ?= auto
 # A CPU build of torch; plain `pip install torch` would fetch a multi-GB CUDA build.
 TORCH  ?= torch==2.13.0
-# --no-compile: pip leaves the bytecode to the first import, which compiles only the modules it imports (installing
-# torch alone: 24 s with pip's compilation of every module, 9 s without; the first `import torch` 2.9 s against 2.7)
-PIPQ   := -q --no-compile
+# pip compiles every module's bytecode as it installs (torch alone: 24 s of its 9 s without). Keep it: where
+# PYTHONDONTWRITEBYTECODE is set (as on the development machines) an import never writes bytecode, and every process
+# of the suite would compile torch and transformers again (make test: 1,167 CPU-seconds against 919).
+PIPQ   := -q
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
