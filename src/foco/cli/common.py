@@ -232,8 +232,9 @@ def run_context(a: argparse.Namespace):
     import sys
     from ..train.distributed import group_line, start_run
     env = start_run(launch(a), a.seed, a.out)
-    if group_line(env):
-        print(group_line(env), file=sys.stderr, flush=True)
+    line = group_line(env)
+    if line:
+        print(line, file=sys.stderr, flush=True)
     return env
 
 

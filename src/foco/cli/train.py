@@ -76,12 +76,11 @@ def _train(a: argparse.Namespace) -> int:
     import sys
     from ..model import FoCoConfig
     from ..model.encoder import SHAPES
-    from ..train.distributed import Launch
     from ..train.foco import FoCoTrainConfig
     from ..train.job import EditStage, FoCoJob, run_foco_job
-    from ..train.resume_rule import ResumeFlags
     from ..train.sources import DataSpec
-    from .resume import check_resume
+    from .common import launch
+    from .resume import check_resume, resume_flags
     check_resume(a)  # the deprecated flags noted, --resume with no run refused, before anything runs
     job = FoCoJob(
         out=a.out,
@@ -95,8 +94,7 @@ def _train(a: argparse.Namespace) -> int:
             precision=a.precision, compile=a.compile, sync_every=a.sync_every, allow_changed=tuple(a.allow_changed)),
         data=DataSpec(a.features, a.world, a.split, a.inp, a.decompositions, a.decomposer, a.max_fallback,
                       a.online, a.backbone, a.workers),
-        launch=Launch(a.device, bool(a.force_distributed), a.dist_timeout, a.setup_timeout),
-        resume=ResumeFlags(bool(a.restart), bool(a.resume), bool(a.no_resume)),
+        launch=launch(a), resume=resume_flags(a),
         edits=EditStage(a.edits, a.edit_settings, a.edit_features, a.target_threshold) if a.edits else None)
     if run_foco_job(job, report=lambda line: print(line, flush=True),
                     note=lambda line: print(line, file=sys.stderr, flush=True)):

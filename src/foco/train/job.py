@@ -58,8 +58,9 @@ def run_foco_job(job: FoCoJob, report: Callable[[str], None] = log.info,
     --restart removed."""
     data = data_of(job.data)  # the kind, chosen once
     env = start_run(job.launch, job.train.seed, job.out)  # under torchrun: the run's context, made once
-    if group_line(env):
-        note(group_line(env))
+    line = group_line(env)
+    if line:
+        note(line)
     removed = apply_resume_rule(job.out, job.resume, env)
     if removed:
         note(removed)
