@@ -87,7 +87,8 @@ def _train(a: argparse.Namespace) -> int:
         train=FoCoTrainConfig(
             stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
             lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp, max_negatives=a.max_negatives, seed=a.seed,
-            max_pairs=a.max_pairs, min_pairs=a.min_pairs,
+            max_pairs=a.max_pairs, min_pairs=a.min_pairs, param_groups=a.param_groups,
+            lr_temperature=a.lr_temperature,
             model=FoCoConfig(learn_bias=a.learn_bias, background=a.background, **SHAPES[a.shape]),
             stage3_epochs=a.stage3_epochs, lr_edit_aggr=a.lr_edit, lr_edit_comp=a.lr_edit,
             preserve_weight=a.preserve_weight, edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
@@ -168,6 +169,15 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                     help="leave out images with fewer decomposition pairs than this (the count is printed); "
                          "--min-pairs K --max-pairs K trains every image on exactly K pairs")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
+    from ..train.foco import PARAM_GROUPS
+    tr.add_argument("--param-groups", default="siglip", choices=PARAM_GROUPS,
+                    help="siglip (default): the loss's temperatures and biases in their own optimiser group "
+                         "(--lr-temperature) and no weight decay on them, on norms, biases and F_Comp's query token "
+                         "(open_clip's rule), as SigLIP trains them; legacy: foco before issue 54 (tau and b in "
+                         "their stage's module group, weight decay on every parameter)")
+    tr.add_argument("--lr-temperature", type=learning_rate, default=None,
+                    help="with --param-groups siglip: the temperatures' and biases' learning rate (default: their "
+                         "stage's module rate, --lr-stage1 then --lr-comp)")
     from ..model.aggr import AGGR_BACKGROUNDS
     tr.add_argument("--background", default="complement", choices=AGGR_BACKGROUNDS,
                     help="how F_Aggr's inverse attention weighs the patches for the background feature "

@@ -38,6 +38,13 @@ class FoCoTrainConfig:
     lr_aggr: float = 5e-5  # F_Aggr in stage 2
     lr_comp: float = 3e-5  # F_Comp (and the loss temperatures) in stage 2
     weight_decay: float = 0.05
+    # How the optimiser groups the parameters (`param_groups_of`). "siglip" (the default since issue 54): the
+    # loss's temperatures and biases in their own group at `lr_temperature`, without weight decay, and no weight
+    # decay on norms, biases and F_Comp's query token either (open_clip's rule: no decay on tensors of fewer than 2
+    # dims), as SigLIP trains its t' and b. "legacy" (foco before issue 54): tau and b in the module group of their
+    # stage (F_Aggr's in stage 1, F_Comp's in stage 2) at that group's rate, with weight decay on every parameter.
+    param_groups: str = "siglip"
+    lr_temperature: float | None = None  # tau's and b's rate under "siglip"; None: their stage's module rate
     warmup_frac: float = 0.05  # of each stage's steps
     grad_clip: float = 1.0
     max_negatives: int | None = None  # cap on cross-instance negatives per anchor; None: all B - 1
@@ -64,16 +71,41 @@ class FoCoTrainConfig:
     allow_changed: tuple[str, ...] = ()  # settings `--resume` may change (`--allow-changed`); recorded per phase
 
 
-def _optimizer(model: ComposedQueryEncoder, cfg: FoCoTrainConfig, stage: int) -> torch.optim.AdamW:
+PARAM_GROUPS = ("siglip", "legacy")
+# what a run saved before issue 54 trained with: a resumed one continues only with --param-groups legacy
+IMPLIED_SETTINGS = {"param_groups": "legacy", "lr_temperature": None}
+
+
+def param_groups_of(model: ComposedQueryEncoder, cfg: FoCoTrainConfig, stage: int) -> list[dict]:
+    """The optimiser's parameter groups of `stage` (1: F_Aggr alone; 2: F_Aggr and F_Comp), each with its "name",
+    "lr" and "weight_decay" (`FoCoTrainConfig.param_groups` says which rule). Empty groups are left out."""
     temps = [model.log_scale_aggr, model.bias_aggr] if stage == 1 else \
         [model.log_scale_aggr, model.bias_aggr, model.log_scale_comp, model.bias_comp]
     temps = [p for p in temps if p.requires_grad]
-    if stage == 1:
-        groups = [{"params": list(model.aggr.parameters()) + temps, "lr": cfg.lr_stage1}]
+    modules = [("aggr", model.aggr, cfg.lr_stage1)] if stage == 1 else \
+        [("aggr", model.aggr, cfg.lr_aggr), ("comp", model.comp, cfg.lr_comp)]
+    if cfg.param_groups == "legacy":
+        groups = [{"name": name, "params": list(m.parameters()), "lr": lr, "weight_decay": cfg.weight_decay}
+                  for name, m, lr in modules]
+        groups[-1]["params"] = groups[-1]["params"] + temps
+    elif cfg.param_groups == "siglip":
+        groups = []
+        for name, m, lr in modules:
+            ps = list(m.parameters())
+            groups += [{"name": name, "params": [p for p in ps if p.ndim >= 2], "lr": lr,
+                        "weight_decay": cfg.weight_decay},
+                       {"name": f"{name} (norms, biases, tokens)", "params": [p for p in ps if p.ndim < 2], "lr": lr,
+                        "weight_decay": 0.0}]
+        lr_t = modules[-1][2] if cfg.lr_temperature is None else cfg.lr_temperature
+        groups.append({"name": "temperatures and biases", "params": temps, "lr": lr_t, "weight_decay": 0.0})
     else:
-        groups = [{"params": list(model.aggr.parameters()), "lr": cfg.lr_aggr},
-                  {"params": list(model.comp.parameters()) + temps, "lr": cfg.lr_comp}]
-    return torch.optim.AdamW(groups, weight_decay=cfg.weight_decay, betas=(0.9, 0.98))
+        raise ValueError(f"param_groups {cfg.param_groups!r}: choose one of {', '.join(PARAM_GROUPS)} "
+                         "(foco train --param-groups)")
+    return [g for g in groups if g["params"]]
+
+
+def _optimizer(model: ComposedQueryEncoder, cfg: FoCoTrainConfig, stage: int) -> torch.optim.AdamW:
+    return torch.optim.AdamW(param_groups_of(model, cfg, stage), betas=(0.9, 0.98))
 
 
 class FoCoObjective(torch.nn.Module):
@@ -213,13 +245,15 @@ _STAGE3 = ("stage3_epochs", "lr_edit_aggr", "lr_edit_comp", "edit_temperature", 
 def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resume: bool = False,
                meta: dict | None = None, on_step: Callable[[int, dict[str, float]], None] | None = None,
                edits: "EditTable | None" = None, sharded: bool = False,
-               ctx: RunContext | None = None) -> ComposedQueryEncoder:
+               ctx: RunContext | None = None,
+               on_epoch: Callable[[ComposedQueryEncoder, dict], None] | None = None) -> ComposedQueryEncoder:
     """Trains on `table`, writes `out`/foco.safetensors + foco.json, the log and the loss curve; returns the model.
 
     `cfg` is not modified (the width is set on a copy). `meta` (e.g. the backbone spec) is stored in foco.json.
     `on_step(global_step, losses)` is called after each step, counting from 0 across the stages. With `edits` and
     `cfg.stage3_epochs > 0` a third stage trains on ITT triplets (foco-edits, a departure from the paper); a run
-    that finished the two paper stages resumes into it. `ctx`: the run's ranks and device (`init_distributed`
+    that finished the two paper stages resumes into it. `on_epoch(model, record)` is called on the main rank after
+    each epoch's log record (a val curve: `foco.train.val_curve`; the model is back in training mode after it). `ctx`: the run's ranks and device (`init_distributed`
     under torchrun); None: this process on `cfg.device`.
 
     `sharded` (under torchrun): `table` holds this rank's own images (its feature shards, `corpus_parts`), and each
@@ -251,6 +285,7 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
                                      (", then the edit stage)" if cfg.stage3_epochs else ")"),
                           identity={"backbone": (meta or {}).get("backbone")}, precision=cfg.precision,
                           settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed),
+                          implied=IMPLIED_SETTINGS,
                           sync_every=cfg.sync_every)
         phases = [_stage(model, table, cfg, gen, s, ctx, objective, sharded and ctx.enabled) for s in (1, 2)]
         if cfg.stage3_epochs > 0:
@@ -261,7 +296,11 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
             recipe = {"recipe": "foco-edits: the paper's two stages, then a third on edit triplets (not in the FoCo "
                                 "paper)"} if cfg.stage3_epochs else {}
             _add_meta(Path(ctx.out), {**recorded_settings(history), **recipe, **(meta or {})})
-        return Plan(model, phases, loop, save, generator=gen, on_step=on_step)
+        def epoch_done(rec: dict) -> None:
+            if on_epoch is not None and ctx.is_main:
+                on_epoch(model, rec)
+                model.train()
+        return Plan(model, phases, loop, save, generator=gen, on_step=on_step, on_epoch=epoch_done)
     return train_run(ctx, build, resume).model
 
 
@@ -290,6 +329,12 @@ def _check_ablations(cfg: FoCoTrainConfig) -> None:
         raise ValueError(f"loss {cfg.loss!r}: choose one of {', '.join(LOSSES)}")
     if cfg.negatives not in NEGATIVES:
         raise ValueError(f"negatives {cfg.negatives!r}: choose one of {', '.join(NEGATIVES)}")
+    if cfg.param_groups not in PARAM_GROUPS:
+        raise ValueError(f"param_groups {cfg.param_groups!r}: choose one of {', '.join(PARAM_GROUPS)} "
+                         "(foco train --param-groups)")
+    if cfg.lr_temperature is not None and cfg.param_groups != "siglip":
+        raise ValueError("--lr-temperature sets the rate of the temperatures' own group, which only --param-groups "
+                         f"siglip has (got {cfg.param_groups!r})")
     if cfg.max_pairs < 1:
         raise ValueError(f"max_pairs (K) must be at least 1, got {cfg.max_pairs}")
     if not 1 <= cfg.min_pairs <= cfg.max_pairs:

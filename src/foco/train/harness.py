@@ -30,6 +30,7 @@ class Plan:
     save: Callable[[dict], None]  # the run's settings history -> writes the checkpoint; called on the main rank only
     generator: torch.Generator | None = None  # a torch RNG the steps draw from: saved and restored with the state
     on_step: OnStep | None = None
+    on_epoch: Callable[[dict], None] | None = None  # after each epoch's log record (e.g. a val curve)
 
 
 def check_out(ctx: RunContext, resume: bool) -> None:
@@ -54,7 +55,7 @@ def train_run(ctx: RunContext, build: Callable[[RunContext], Plan], resume: bool
     if ctx.world_size > 1:  # the weights are built alike on every rank; from here each rank draws its own masks
         torch.manual_seed(ctx.seed + ctx.rank)
     loop = replace(plan.loop, env=ctx, device=ctx.device)
-    history = run(plan.model, plan.phases, out, loop, rng, resume, plan.generator, plan.on_step)
+    history = run(plan.model, plan.phases, out, loop, rng, resume, plan.generator, plan.on_step, plan.on_epoch)
     if ctx.is_main:
         plan.save(history)
     return plan

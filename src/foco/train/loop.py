@@ -80,6 +80,7 @@ class LoopConfig:
     identity: dict = field(default_factory=dict)  # what a resumed run must share (e.g. the features' backbone)
     settings: dict = field(default_factory=dict)  # the trainer's settings (flat): a resumed run must share them
     allow_changed: frozenset[str] = frozenset()  # settings a resumed run may change (--allow-changed): recorded
+    implied: dict = field(default_factory=dict)  # the value a setting had in runs saved before it was recorded
     precision: str = "fp32"  # "bf16": each step's forward pass under bf16 autocast (foco.utils.precision)
     env: DistEnv = field(default_factory=DistEnv)  # data-parallel ranks: rank 0 writes, logs average over ranks
     device: str = "cpu"  # where the model and batches live: autocast runs for this device type
@@ -372,7 +373,7 @@ def _check_settings(state_dir: Path, cfg: LoopConfig, phases: list[Phase], first
     history = read_state(state_dir)["progress"].get("settings")
     if not history:
         return {"start": dict(cfg.settings), "changes": []}, None
-    current = dict(history["start"])
+    current = {**{k: v for k, v in cfg.implied.items() if k in cfg.settings}, **history["start"]}
     for change in history["changes"]:
         current.update({k: v[1] for k, v in change["changed"].items()})
     diff = {k: [current[k], cfg.settings[k]] for k in sorted(set(current) & set(cfg.settings))

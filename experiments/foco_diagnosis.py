@@ -1,0 +1,139 @@
+"""Issue 54: why zero-shot FoCo does not compose on the world. One FoCo run of the demo's recipe with overrides,
+with a val curve after every epoch (val R@1 on `single`, `described`, `restaged`: `foco.train.val_curve`) and the
+image route in training: how much of L_comp's positive term F_Comp's visual tokens alone satisfy, on a fixed sample
+of 512 training images, after every epoch. At the end the test R@1 of the same protocols is *reported* (never read
+by a choice: choices read val, docs/benchmarks.md "Choosing FoCo's recipe on val").
+
+    # once: the quickstart's world and features, and the described and restaged protocols with their features
+    foco quickstart --out runs/quickstart
+    foco world describe --world runs/quickstart/world --share 0.85
+    foco world restage --world runs/quickstart/world --strength 0.5 --share 0.9
+    for s in val/described val/restaged test/described test/restaged; do foco features extract --backbone world:vit \
+        --world runs/quickstart/world --split $s --out runs/quickstart/features/${s/\\//-} --precision auto; done
+    # a run: JSON overrides of the demo's FoCoTrainConfig ("model": FoCoConfig fields)
+    python experiments/foco_diagnosis.py --run runs/quickstart --out runs/diag/siglip-5e-2-s0 --seed 0 \
+        --config '{"lr_temperature": 0.05}'
+    python experiments/foco_diagnosis.py --run runs/quickstart --baselines --out runs/diag/baselines
+
+Writes OUT/diagnosis.json (config, per-epoch val curve and image route, final val and test R@1, train seconds) beside
+the checkpoint. A finished run is skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from foco.methods import build_method
+from foco.model import FoCoConfig
+from foco.train.data import build_pair_table
+from foco.train.foco import FoCoTrainConfig, train_foco
+from foco.train.recipes import quickstart_plan
+from foco.train.val_curve import ValCurve
+from foco.utils.io import atomic_write_text
+from foco.world.manifest import load_pairs
+
+PROTOCOLS = ("single", "described", "restaged")
+BASELINES = ("image", "text", "sum", "slerp")
+
+
+def demo_config(overrides: dict, seed: int) -> FoCoTrainConfig:
+    """The demo's FoCo recipe (`quickstart_plan("default")`) with `overrides` and `seed`; precision auto, as the
+    demo trains."""
+    base = quickstart_plan("default").foco
+    model = replace(base.model, **overrides.get("model", {}))
+    top = {k: v for k, v in overrides.items() if k != "model"}
+    return replace(base, **top, model=model, seed=seed, precision="auto")
+
+
+@torch.inference_mode()
+def image_route(model, table, rows: torch.Tensor) -> dict[str, float]:
+    """L_comp's positive term on the training images `rows`: the mean cosine <h, v_g> and the mean phi+ (with the
+    model's scale and bias) of every (local, context) pair, with F_Comp reading everything ("full"), the visual
+    tokens alone (the context's tokens masked out: "visual"), and the context alone (v_loc and the background
+    zeroed: "text")."""
+    from foco.train.losses import _scale
+    model.eval()
+    batch = table.batch(rows)
+    b, K, D = batch.local.shape
+    v, bg, _ = model.aggr(batch.local, batch.image_global, batch.patches)  # (b, K, D) x2
+    L = batch.ctx_tokens.shape[2]
+    v, bg = v.reshape(b * K, 1, D), bg.reshape(b * K, 1, D)
+    tokens, mask = batch.ctx_tokens.reshape(b * K, L, D), batch.ctx_mask.reshape(b * K, L)
+    keep = batch.local_mask.reshape(-1)
+    target = batch.image_global[:, None, :].expand(b, K, D).reshape(b * K, D)
+    s, bias = _scale(model.log_scale_comp), model.bias_comp
+    out = {}
+    for name, args in (("full", (v, bg, tokens, mask)), ("visual", (v, bg, tokens, torch.zeros_like(mask))),
+                       ("text", (torch.zeros_like(v), torch.zeros_like(bg), tokens, mask))):
+        h = model.comp(*args)[:, 0]  # (b*K, D)
+        cos = (h * target).sum(-1)[keep]
+        out[f"cos {name}"] = round(float(cos.mean()), 4)
+        out[f"phi+ {name}"] = round(float(F.logsigmoid(s * cos + bias).mean()), 4)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--run", required=True, help="a quickstart folder: world/, features/{train,val-*,test-*}")
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--config", default="{}", help="JSON overrides of the demo's FoCoTrainConfig")
+    ap.add_argument("--baselines", action="store_true", help="score the training-free baselines instead")
+    ap.add_argument("--protocols", default=",".join(PROTOCOLS))
+    a = ap.parse_args()
+    run, out = Path(a.run), Path(a.out)
+    protocols = tuple(a.protocols.split(","))
+    if (out / "diagnosis.json").is_file():
+        print(f"{out}: done")
+        return
+    val = ValCurve.world(run / "world", run / "features", protocols, None)
+    test = _test_parts(run, protocols)
+    if a.baselines:
+        res = {m: {"val": val.score(build_method(m)), "test": test.score(build_method(m))} for m in BASELINES}
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out / "diagnosis.json", json.dumps(res, indent=1) + "\n")
+        print(json.dumps(res, indent=1))
+        return
+    overrides = json.loads(a.config)
+    cfg = demo_config(overrides, a.seed)
+    table = build_pair_table(run / "features" / "train",
+                             {p.id: p.decomposition for p in load_pairs(run / "world", "train")})
+    sample = torch.randperm(len(table), generator=torch.Generator().manual_seed(1234))[:512]
+    curve = []
+
+    def on_epoch(model, rec: dict) -> None:
+        line = {k: rec[k] for k in ("stage", "epoch") if k in rec}
+        line.update(loss={k: round(rec[k], 4) for k in ("aggr", "comp") if k in rec},
+                    temperatures={k: round(rec[k], 4) for k in ("tau_aggr", "tau_comp", "bias_aggr", "bias_comp")
+                                  if k in rec})
+        from foco.methods.foco import FoCoMethod
+        line["val R@1"] = val.score(FoCoMethod(model))
+        if rec.get("stage") == 2:
+            line["image route"] = image_route(model, table, sample)
+        curve.append(line)
+        print(json.dumps(line), flush=True)
+
+    t = time.time()
+    model = train_foco(table, out, cfg, resume=(out / "train_state").exists(), on_epoch=on_epoch)
+    from foco.methods.foco import FoCoMethod
+    res = {"config": overrides, "seed": a.seed, "train_s": round(time.time() - t, 1), "curve": curve,
+           "val": val.score(FoCoMethod(model)), "test": test.score(FoCoMethod(model))}
+    atomic_write_text(out / "diagnosis.json", json.dumps(res, indent=1) + "\n")
+    print(json.dumps({k: res[k] for k in ("val", "test", "train_s")}))
+
+
+def _test_parts(run: Path, protocols: tuple[str, ...]) -> ValCurve:
+    """The test parts as a scorer (reported, never chosen on)."""
+    from foco.benchmarks.world import load_world_part
+    parts = {p: load_world_part(run / "world", "test", p, run / "features" / f"test-{p}") for p in protocols}
+    return ValCurve(parts, None)
+
+
+if __name__ == "__main__":
+    main()
