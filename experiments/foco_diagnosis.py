@@ -95,7 +95,12 @@ def main() -> None:
     val = ValCurve.world(run / "world", run / "features", protocols, None)
     test = _test_parts(run, protocols)
     if a.baselines:
-        res = {m: {"val": val.score(build_method(m)), "test": test.score(build_method(m))} for m in BASELINES}
+        res = {m: {"val": val.score(build_method(m)), "test": test.score(build_method(m))} for m in BASELINES
+               if m != "slerp"}
+        from foco.methods.slerp import ALPHA_GRID  # slerp's alpha chosen on val by the rule's score
+        alpha = max(ALPHA_GRID, key=lambda x: val.score(build_method("slerp", slerp_alpha=x))["mean"])
+        res["slerp"] = {"alpha": alpha, "val": val.score(build_method("slerp", slerp_alpha=alpha)),
+                        "test": test.score(build_method("slerp", slerp_alpha=alpha))}
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out / "diagnosis.json", json.dumps(res, indent=1) + "\n")
         print(json.dumps(res, indent=1))

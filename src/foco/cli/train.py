@@ -88,8 +88,8 @@ def _train(a: argparse.Namespace) -> int:
             stage1_epochs=a.stage1_epochs, stage2_epochs=a.stage2_epochs, batch_size=a.batch_size,
             lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp, max_negatives=a.max_negatives, seed=a.seed,
             max_pairs=a.max_pairs, min_pairs=a.min_pairs, param_groups=a.param_groups,
-            lr_temperature=a.lr_temperature,
-            model=FoCoConfig(learn_bias=a.learn_bias, background=a.background, **SHAPES[a.shape]),
+            lr_temperature=a.lr_temperature, negative_groups=a.negative_groups,
+            model=FoCoConfig(learn_bias=a.learn_bias, background_dropout=a.background_dropout, background=a.background, **SHAPES[a.shape]),
             stage3_epochs=a.stage3_epochs, lr_edit_aggr=a.lr_edit, lr_edit_comp=a.lr_edit,
             preserve_weight=a.preserve_weight, edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
             precision=a.precision, compile=a.compile, sync_every=a.sync_every, allow_changed=tuple(a.allow_changed)),
@@ -178,6 +178,14 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     tr.add_argument("--lr-temperature", type=learning_rate, default=None,
                     help="with --param-groups siglip: the temperatures' and biases' learning rate (default: their "
                          "stage's module rate, --lr-stage1 then --lr-comp)")
+    from .numbers import float_in
+    lev = tr.add_argument_group("levers of issue 54 (NOT in the FoCo paper; off by default)")
+    lev.add_argument("--background-dropout", type=float_in(0.0, 0.99), default=0.0,
+                     help="in training, zero F_Comp's background input per query with this probability, so that "
+                          "the context must carry the rest of the scene (0: never, the paper)")
+    lev.add_argument("--negative-groups", type=nonneg_int, default=0,
+                     help="harder negatives: make each batch of groups of this many images that are one another's "
+                          "nearest neighbours by global feature (0: uniform batches, the paper; one process only)")
     from ..model.aggr import AGGR_BACKGROUNDS
     tr.add_argument("--background", default="complement", choices=AGGR_BACKGROUNDS,
                     help="how F_Aggr's inverse attention weighs the patches for the background feature "

@@ -74,6 +74,8 @@ class FComp(nn.Module):
         mlp_ratio: feed-forward width as a multiple of D.
         map_mlp_ratio: hidden width of f_t and f_v as a multiple of D (`mapping_network`; 0: one linear layer).
         use_background: put v̄ into S (ablation 5b removes it).
+        background_dropout: NOT in the paper (issue 54's lever): in training, each query's v̄ is zeroed with this
+            probability, so that the context must carry what the background would; 0 (the paper): never.
         anchor_init: initialise the query with v_loc (True, paper) or a learned token (ablation 5c).
         layers: "transformer" (the paper's `depth` blocks) or "attention" (ablation 5a, the transformer blocks
             removed: one cross-attention layer from the query to S, with no feed-forward layer and no stacking).
@@ -81,8 +83,11 @@ class FComp(nn.Module):
 
     def __init__(self, dim: int, heads: int = 8, depth: int = 2, mlp_ratio: float = 4.0,
                  use_background: bool = True, anchor_init: bool = True, layers: str = "transformer",
-                 map_mlp_ratio: float = 0.0):
+                 map_mlp_ratio: float = 0.0, background_dropout: float = 0.0):
         super().__init__()
+        if not 0.0 <= background_dropout < 1.0:
+            raise ValueError(f"background_dropout must be in [0, 1), got {background_dropout}")
+        self.background_dropout = background_dropout
         if layers not in COMP_LAYERS:
             raise ValueError(f"F_Comp layers {layers!r}: choose one of {', '.join(COMP_LAYERS)}")
         self.f_t = mapping_network(dim, map_mlp_ratio)
@@ -99,6 +104,9 @@ class FComp(nn.Module):
                 ctx_mask: torch.Tensor) -> torch.Tensor:
         """v_loc, background (T, N, D); ctx_tokens (T, L, D); ctx_mask (T, L). Returns h (T, N, D), normalised."""
         ctx = self.f_t(ctx_tokens)  # (T, L, D), projected once per context
+        if self.training and self.background_dropout > 0:  # NOT in the paper (issue 54's lever): per query
+            keep = torch.rand(background.shape[:2], device=background.device) >= self.background_dropout  # (T, N)
+            background = background * keep[..., None].to(background.dtype)
         parts = [v_loc, background] if self.use_background else [v_loc]
         vis = self.f_v(torch.stack(parts, 2))  # (T, N, V, D)
         query = v_loc + self.query_token if self.anchor_init else self.query_token.expand_as(v_loc)  # (T, N, D)

@@ -42,6 +42,7 @@ class FoCoConfig:
     init_temperature: float = 0.1  # tau at the start; learnable
     learn_bias: bool = False  # a learnable logit bias in the sigmoid loss (off = paper-exact)
     init_bias: float = -10.0  # the bias's starting value when learn_bias is on (SigLIP's choice)
+    background_dropout: float = 0.0  # NOT in the paper (issue 54's lever): F_Comp's v̄ zeroed in training (model.comp)
 
 
 # Named module shapes: the fields each sets (everything else stays as given).
@@ -100,7 +101,7 @@ class ComposedQueryEncoder(nn.Module):
             if cfg.focus == "attention" else FixedFocus(cfg.focus)
         self.comp = LinearFusion(cfg.dim) if cfg.comp_layers == "linear" else \
             FComp(cfg.dim, cfg.heads, cfg.comp_depth, cfg.comp_mlp_ratio, cfg.use_background, cfg.anchor_init,
-                  cfg.comp_layers, map_mlp_ratio=cfg.map_mlp_ratio)
+                  cfg.comp_layers, map_mlp_ratio=cfg.map_mlp_ratio, background_dropout=cfg.background_dropout)
         t0 = torch.tensor(1.0 / cfg.init_temperature).log()
         self.log_scale_aggr = nn.Parameter(t0.clone())  # log(1/tau) for L_aggr
         self.log_scale_comp = nn.Parameter(t0.clone())  # log(1/tau) for L_comp

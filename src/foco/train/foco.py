@@ -51,6 +51,10 @@ class FoCoTrainConfig:
     aggr_loss_in_stage2: bool = True  # False is ablation 2d
     loss: str = "sigmoid"  # the multi-positive sigmoid loss; "infonce" is ablation 2a (train/losses.py)
     negatives: str = "cross-instance"  # "naive-aggr" 2b, "naive-comp" 2c, "naive" both (train/losses.py)
+    # NOT in the paper (issue 54's lever, harder negatives): each batch is made of groups of this many training
+    # images that are one another's nearest neighbours by v_g (`neighbour_order`), so that the cross-instance
+    # negatives share the anchor's content; 0 or 1: uniform batches, as the paper draws them
+    negative_groups: int = 0
     max_pairs: int = 5  # K, decomposition pairs used per image (the first ones); 1 is ablation 3b
     min_pairs: int = 1  # images with fewer decomposition pairs are left out of training (the K curve: --min-pairs K)
     # stage 3, trained with edits (foco-edits): NOT in the FoCo paper; 0 epochs (the default) is the paper's recipe
@@ -208,11 +212,64 @@ def _stage(model: ComposedQueryEncoder, table: TrainingPairs, cfg: FoCoTrainConf
     # the rows each step of this rank will read
     prefetch = table.prefetch if sharded or not env.enabled else \
         (lambda batches: table.prefetch([rank_slice(b, env) for b in batches]))
-    return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs,
+    order = None
+    if cfg.negative_groups > 1:
+        nbrs = nearest_neighbours(image_globals(table), cfg.negative_groups - 1)  # (N, g - 1), once per stage
+        order = lambda perm: neighbour_order(perm, nbrs, cfg.negative_groups)  # noqa: E731
+    return Phase(epochs=cfg.stage2_epochs if with_comp else cfg.stage1_epochs, order=order,
                  optimizer=lambda: _optimizer(model, cfg, stage), step=step,
                  objective="comp" if with_comp and not cfg.aggr_loss_in_stage2 else "loss",
                  tag={"stage": stage}, record=temperatures, local=sharded, prefetch=prefetch,
                  settings=("stage2_epochs", "lr_aggr", "lr_comp", "aggr_loss_in_stage2") if with_comp else ())
+
+
+def image_globals(table: TrainingPairs, chunk: int = 4096) -> torch.Tensor:
+    """(N, D) float32 normalised v_g of every training image, read in chunks (a cached table reads its globals only)."""
+    g = getattr(table, "image_global", None)
+    if g is not None:
+        return F.normalize(g.float(), dim=-1)
+    images = getattr(table, "images", None)
+    if images is None:
+        raise ValueError("--negative-groups reads every image's global feature first: it needs a feature cache "
+                         "(foco train --features), not --online encoding")
+    n = len(table)
+    rows = table.image_rows(torch.arange(n)).cpu().numpy()
+    return torch.cat([F.normalize(images.rows("global", rows[s:s + chunk]).float(), dim=-1)
+                      for s in range(0, n, chunk)])
+
+
+def nearest_neighbours(g: torch.Tensor, m: int, chunk: int = 1024) -> torch.Tensor:
+    """(N, m) long: each row's m nearest other rows of g (N, D) by cosine, nearest first; O(N^2 D) in chunks of
+    rows (memory chunk x N)."""
+    out = []
+    for s in range(0, g.shape[0], chunk):
+        sims = g[s:s + chunk] @ g.t()  # (c, N)
+        sims[torch.arange(sims.shape[0]), torch.arange(s, s + sims.shape[0])] = float("-inf")  # not itself
+        out.append(sims.topk(min(m, g.shape[0] - 1), dim=1).indices)
+    return torch.cat(out)
+
+
+def neighbour_order(perm, nbrs: torch.Tensor, g: int):
+    """The epoch's order `perm` (N,) regrouped: each image not yet placed, in `perm`'s order, is followed by its
+    nearest neighbours not yet placed (up to g - 1 of them), so consecutive runs of g share content; every image
+    appears once."""
+    import numpy as np
+    near = nbrs.numpy()
+    used = np.zeros(len(perm), dtype=bool)
+    out = []
+    for a in perm:
+        if used[a]:
+            continue
+        used[a] = True
+        group = [a]
+        for b in near[a]:
+            if len(group) == g:
+                break
+            if not used[b]:
+                used[b] = True
+                group.append(b)
+        out.extend(group)
+    return np.asarray(out, dtype=perm.dtype)
 
 
 def _edit_stage(model: ComposedQueryEncoder, edits: "EditTable", cfg: FoCoTrainConfig, env: DistEnv = DistEnv(),
@@ -335,6 +392,8 @@ def _check_ablations(cfg: FoCoTrainConfig) -> None:
     if cfg.lr_temperature is not None and cfg.param_groups != "siglip":
         raise ValueError("--lr-temperature sets the rate of the temperatures' own group, which only --param-groups "
                          f"siglip has (got {cfg.param_groups!r})")
+    if cfg.negative_groups < 0:
+        raise ValueError(f"negative_groups must be 0 or more, got {cfg.negative_groups} (--negative-groups)")
     if cfg.max_pairs < 1:
         raise ValueError(f"max_pairs (K) must be at least 1, got {cfg.max_pairs}")
     if not 1 <= cfg.min_pairs <= cfg.max_pairs:

@@ -65,6 +65,8 @@ class Phase:
     prefetch: Callable[[list[torch.Tensor]], None] | None = None  # told each epoch's batches before its steps
     settings: tuple[str, ...] = ()  # the settings (LoopConfig.settings keys) only this phase reads: they may change
                                     # on resume while the phase has not begun (recorded where it begins)
+    order: Callable[[np.ndarray], np.ndarray] | None = None  # the epoch's random order -> the order batched (e.g.
+                                    # neighbours side by side); a function of its input alone, so a resume repeats it
 
 
 @dataclass
@@ -293,7 +295,10 @@ def _permutation(rng: np.random.Generator, n: int, phase: Phase, env: DistEnv) -
     (the same on every rank, saved with the state) and permutes this rank's data with it and the rank, so that
     ranks differ and `--resume` repeats the same orders."""
     if not (phase.local and env.enabled):
-        return rng.permutation(n)
+        perm = rng.permutation(n)
+        return perm if phase.order is None else phase.order(perm)
+    if phase.order is not None:
+        raise ValueError("a phase that orders its batches runs on one process or on a global table (not --sharded)")
     return np.random.default_rng([int(rng.integers(2 ** 63)), env.rank]).permutation(n)
 
 

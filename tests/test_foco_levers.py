@@ -1,0 +1,81 @@
+"""Issue 54's levers (NOT in the FoCo paper, off by default), each against a slow, obvious twin: harder negatives
+(`--negative-groups`: batches of nearest-neighbour groups) and background dropout (`--background-dropout`)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from foco.model import ComposedQueryEncoder, FoCoConfig
+from foco.train.foco import FoCoTrainConfig, nearest_neighbours, neighbour_order, train_foco
+
+from test_param_groups import _table
+
+
+def _twin_neighbours(g: torch.Tensor, m: int) -> list[list[int]]:
+    out = []
+    for i in range(g.shape[0]):
+        sims = [(float(g[i] @ g[j]), j) for j in range(g.shape[0]) if j != i]
+        out.append([j for _, j in sorted(sims, key=lambda x: -x[0])[:m]])
+    return out
+
+
+def test_nearest_neighbours_match_a_row_by_row_twin():
+    g = torch.nn.functional.normalize(torch.randn(50, 8, generator=torch.Generator().manual_seed(0)), dim=-1)
+    assert nearest_neighbours(g, 5, chunk=7).tolist() == _twin_neighbours(g, 5)
+
+
+def test_neighbour_order_is_a_permutation_of_neighbour_groups():
+    g = torch.nn.functional.normalize(torch.randn(64, 8, generator=torch.Generator().manual_seed(1)), dim=-1)
+    nbrs = nearest_neighbours(g, 3)
+    perm = np.random.default_rng(0).permutation(64)
+    order = neighbour_order(perm, nbrs, 4)
+    assert sorted(order.tolist()) == list(range(64))  # every image once
+    assert order[0] == perm[0]  # groups start in the random order
+    # the twin: walk the order; each group head's followers are its nearest not-yet-placed neighbours
+    placed: set[int] = set()
+    i = 0
+    while i < len(order):
+        head = int(order[i])
+        placed.add(head)
+        expect = [int(b) for b in nbrs[head].tolist() if int(b) not in placed][:3]
+        got = [int(x) for x in order[i + 1:i + 1 + len(expect)]]
+        assert got == expect
+        placed.update(got)
+        i += 1 + len(expect)
+    # neighbours sit together: mean cosine within the 4-runs is above a random order's
+    within = lambda o: np.mean([float(g[o[k]] @ g[o[k + 1]]) for k in range(0, 64, 4)])  # noqa: E731
+    assert within(order) > within(perm) + 0.2
+
+
+def test_grouped_batches_train_and_differ_from_uniform_ones(tmp_path):
+    table = _table()
+    base = FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, batch_size=8, model=FoCoConfig(heads=2))
+    a = train_foco(table, tmp_path / "a", base)
+    b = train_foco(table, tmp_path / "b", FoCoTrainConfig(**{**base.__dict__, "negative_groups": 4}))
+    assert not torch.equal(a.comp.out.weight, b.comp.out.weight)
+    with pytest.raises(ValueError, match="--negative-groups"):
+        train_foco(table, tmp_path / "c", FoCoTrainConfig(**{**base.__dict__, "negative_groups": -1}))
+
+
+def test_background_dropout_zeroes_whole_backgrounds_in_training_only():
+    torch.manual_seed(0)
+    model = ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, background_dropout=0.5))
+    comp = model.comp
+    T, N, L, D = 3, 40, 5, 16
+    v, bg = torch.randn(T, N, 1, D)[:, :, 0], torch.randn(T, N, D)
+    tokens, mask = torch.randn(T, L, D), torch.ones(T, L, dtype=torch.bool)
+    comp.eval()
+    ref = comp(v, bg, tokens, mask)
+    zero = comp(v, torch.zeros_like(bg), tokens, mask)
+    assert not torch.allclose(ref, zero)
+    comp.train()
+    torch.manual_seed(1)
+    out = comp(v, bg, tokens, mask)
+    # the twin: each query's output is either the full one or the zero-background one, and both occur
+    full = torch.isclose(out, ref, atol=1e-5).all(-1)
+    dropped = torch.isclose(out, zero, atol=1e-5).all(-1)
+    assert bool((full | dropped).all()) and full.any() and dropped.any()
+    assert 0.3 < dropped.float().mean() < 0.7
+    with pytest.raises(ValueError, match="background_dropout"):
+        ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, background_dropout=1.0))
