@@ -8,10 +8,22 @@ from pathlib import Path
 
 from .common import add_owned_output, positive_int, seed_int, unit_float
 
+MAX_SPLIT_PAIRS = 1_000_000  # pairs per split: ids have six digits, and a million rendered images is about 5 GB (5 KB each)
+
+
+def split_pairs(v: str) -> int:
+    """argparse type: a split's pair count, 1 to MAX_SPLIT_PAIRS."""
+    from ..utils.parse import ascii_integer
+    try:
+        return ascii_integer(v, 1, MAX_SPLIT_PAIRS)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{v!r} is not a pair count from 1 to {MAX_SPLIT_PAIRS:,}") from None
+
 
 def _generate(a: argparse.Namespace) -> int:
     from ..world.generate import generate_world, world_config
-    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps, partial_captions=not a.exhaustive_captions)
+    counts = {k: v for k, v in (("pretrain", a.pretrain_pairs), ("train", a.train_pairs)) if v is not None}
+    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps, partial_captions=not a.exhaustive_captions, **counts)
     out = Path(a.out)
     t0 = time.time()
     summary = generate_world(out, cfg)
@@ -113,6 +125,12 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--seed", type=seed_int, default=0, help="random seed (same seed, same result)")
     g.add_argument("--stamps", default=None,
                    help="folder of captioned cutout PNGs (tuxpaint-stamps layout) to use as extra objects")
+    g.add_argument("--pretrain-pairs", type=split_pairs, default=None,
+                   help="backbone-pretraining pairs (default: the size's; 10,000 for default). Every other split "
+                        "stays the size's, scene for scene: extra pairs are drawn after them, fewer keep the first")
+    g.add_argument("--train-pairs", type=split_pairs, default=None,
+                   help="FoCo-training pairs (default: the size's; 10,000 for default); the other splits stay the "
+                        "size's, so a data-scale curve compares training sets on one val and test")
     g.add_argument("--exhaustive-captions", action="store_true",
                    help="every training caption names every object and the background (default: some are partial)")
     g.set_defaults(func=_generate)

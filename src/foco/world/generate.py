@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +56,11 @@ class WorldConfig:
     stamps_dir: str | None = None  # folder of captioned cutouts (tuxpaint-stamps layout); None: shapes only
     stamp_prob: float = 0.3  # chance that an object is a stamp when stamps are given
     partial_captions: bool = True  # training captions may leave out objects or the background, as alt-text does
+    # (pretrain, train) counts drawn in the preset's order, interleaved with the other splits; set when a count was
+    # changed (`world_config`): a larger split draws its extra pairs after every other split, a smaller one keeps
+    # the first records, so that every other split (val, test, backbone_val) is the preset's, scene for scene.
+    # None (the presets): every count is drawn in order, as before.
+    base_counts: tuple[int, int] | None = None
 
 
 SIZE_PRESETS: dict[str, dict[str, int]] = {
@@ -66,9 +71,28 @@ SIZE_PRESETS: dict[str, dict[str, int]] = {
 
 
 def world_config(size: str = "default", seed: int = 0, **overrides) -> WorldConfig:
+    """A preset's config with `overrides`. Changing `pretrain` or `train` leaves every other split as the preset
+    draws it (`WorldConfig.base_counts`): the data-scale curve compares training sets on one val and test."""
     if size not in SIZE_PRESETS:
         raise ValueError(f"unknown world size {size!r}; choose from {sorted(SIZE_PRESETS)}")
-    return WorldConfig(seed=seed, **{**SIZE_PRESETS[size], **overrides})
+    preset = WorldConfig(seed=seed, **SIZE_PRESETS[size])
+    cfg = replace(preset, **overrides)
+    for split in ("pretrain", "train"):
+        if getattr(cfg, split) < 1:
+            raise ValueError(f"the {split} split needs at least 1 pair, got {getattr(cfg, split)} "
+                             f"(--{split}-pairs)")
+    if (cfg.pretrain, cfg.train) != (preset.pretrain, preset.train) and cfg.base_counts is None:
+        cfg = replace(cfg, base_counts=(preset.pretrain, preset.train))
+    return cfg
+
+
+def config_record(cfg: WorldConfig) -> dict:
+    """The config as world.json records it (JSON values; `base_counts` only where set, so that a preset's record is
+    what it was before the field existed)."""
+    rec = json.loads(json.dumps(asdict(cfg)))
+    if rec.get("base_counts") is None:
+        rec.pop("base_counts", None)
+    return rec
 
 
 def _split_rng(seed: int, name: str) -> np.random.Generator:
@@ -76,7 +100,8 @@ def _split_rng(seed: int, name: str) -> np.random.Generator:
 
 
 def _pair_records(rng: np.random.Generator, split: str, n: int, taken: set, forbidden_semantic: set,
-                  unique_semantic: bool, stamps: list[Stamp], stamp_prob: float, partial: bool) -> list[dict]:
+                  unique_semantic: bool, stamps: list[Stamp], stamp_prob: float, partial: bool,
+                  start: int = 0) -> list[dict]:
     records, semantic_seen = [], set()
     while len(records) < n:
         scene = sample_scene(rng, stamps, stamp_prob)
@@ -86,7 +111,7 @@ def _pair_records(rng: np.random.Generator, split: str, n: int, taken: set, forb
         taken.add(key)
         semantic_seen.add(sem)
         caption, decomposition, grounds = caption_scene(scene, CaptionChoice(rng, scene, partial=partial))
-        pid = f"{split}-{len(records):06d}"
+        pid = f"{split}-{start + len(records):06d}"
         records.append({"id": pid, "image": f"images/{split}/{pid}.png", "caption": caption,
                         "decomposition": decomposition.to_dict(), "grounding": grounds,
                         "scene": scene.to_dict()})
@@ -127,9 +152,10 @@ def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
     taken: set = set()
     manifests: dict[str, list[dict]] = {}
     pretrain_semantic: set = set()
+    base = dict(zip(("pretrain", "train"), cfg.base_counts)) if cfg.base_counts else {}
     for split in PAIR_SPLITS:
         rng = _split_rng(cfg.seed, split)
-        recs = _pair_records(rng, split, getattr(cfg, split), taken,
+        recs = _pair_records(rng, split, base.get(split, getattr(cfg, split)), taken,
                              forbidden_semantic=pretrain_semantic if split == "backbone_val" else set(),
                              unique_semantic=split == "backbone_val", stamps=stamps, stamp_prob=cfg.stamp_prob,
                              partial=cfg.partial_captions and split != "backbone_val")
@@ -146,6 +172,17 @@ def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
             gallery, queries = _bench_records(bench, f"{split}-{protocol}")
             manifests[f"benchmarks/{split}/{protocol}/gallery.jsonl"] = gallery
             manifests[f"benchmarks/{split}/{protocol}/queries.jsonl"] = queries
+    for split, n in base.items():  # a changed count: cut, or extra pairs drawn after every other split
+        want = getattr(cfg, split)
+        recs = manifests[f"pairs/{split}.jsonl"]
+        if want <= n:
+            manifests[f"pairs/{split}.jsonl"] = recs[:want]
+            continue
+        held = {Scene.from_dict(r["scene"]).semantic_key() for r in manifests["pairs/backbone_val.jsonl"]}
+        extra = _pair_records(_split_rng(cfg.seed, f"{split}/extra"), split, want - n, taken,
+                              forbidden_semantic=held if split == "pretrain" else set(), unique_semantic=False,
+                              stamps=stamps, stamp_prob=cfg.stamp_prob, partial=cfg.partial_captions, start=n)
+        manifests[f"pairs/{split}.jsonl"] = recs + extra
     return manifests
 
 
@@ -165,7 +202,7 @@ def _claim(out: Path, cfg: WorldConfig) -> None:
     """Records the config before the first image, so that an interrupted folder is only ever resumed with the same
     config: images on disk are kept on resume, and another seed or size would mix two worlds' scenes."""
     marker = out / IN_PROGRESS
-    want = json.loads(json.dumps(asdict(cfg)))
+    want = config_record(cfg)
     if marker.is_file():
         have = json.loads(marker.read_text())
         if have != want:
@@ -189,7 +226,7 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
     summary_path = out / "world.json"
     if summary_path.is_file():
         existing = json.loads(summary_path.read_text())
-        if existing.get("config") == json.loads(json.dumps(asdict(cfg))):
+        if existing.get("config") == config_record(cfg):
             log.info("world in %s is complete; reusing it", out)
             return existing
         raise FileExistsError(f"{out} holds a world generated with another config; choose another --out")
@@ -224,7 +261,7 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
                                             for rel in progress(image_paths, desc="hashing images")))
     summary = {
         "format_version": FORMAT_VERSION,
-        "config": asdict(cfg),
+        "config": config_record(cfg),
         "image_size": IMAGE_SIZE,
         "vocabulary": {"shapes": list(SHAPES), "colours": list(COLOURS), "sizes": list(SIZES),
                        "backgrounds": list(BACKGROUNDS)},
