@@ -17,6 +17,8 @@ scene (which layout cell holds the object an edit names) and the target's scene 
   - "oracle focus + text": both;
   - "pooled text only": F_Comp's context is T_m's pooled global as one token (a probe of the trained model: it never
     saw a context of one token);
+  - "T_m decomposed (rule)": the lever of the paper's §3.4, `foco+rule` (F_Aggr's anchor is T_m's first local
+    phrase; the context stays T_m);
 * the text route's inputs, once per backbone: a linear probe of the backbone's pooled text global against its token
   features (masked mean) for which shapes, colours and backgrounds a caption names (trained on 4,000 training
   captions, scored on 1,000 backbone_val captions: micro-F1 at 0.5).
@@ -93,7 +95,7 @@ def encode(model: ComposedQueryEncoder, refs: ImageFeatures, anchor: torch.Tenso
 
 
 def protocol_oracles(model: ComposedQueryEncoder, world: Path, features: Path, split: str, protocol: str,
-                     backbone, text_cache: dict) -> dict:
+                     backbone, text_cache: dict, checkpoint: str | None = None) -> dict:
     bench, feats = load_world_part(world, split, protocol, features / f"{split}-{protocol}")
     sc = scenes(world, split, protocol)
     rows = reference_rows(bench, feats)
@@ -133,6 +135,13 @@ def protocol_oracles(model: ComposedQueryEncoder, world: Path, features: Path, s
                      "by edit type": {k: round(v, 1) for k, v in score_by_category(bench, r).items()}}
         mass = (att * masks.float()).sum(-1)[obj]  # (Q_obj,): the attention share on the edited object's cell
         out[name]["grounding"] = round(float(mass.mean()) * 100, 1)
+    if checkpoint is not None:  # the lever "T_m decomposed at inference" (paper §3.4): its first local phrase as anchor
+        from foco.eval.compose import compose
+        from foco.methods.foco import FoCoRule
+        q = compose(FoCoRule(checkpoint, backbone), bench, feats).query
+        r = rank(bench, feats.gallery_ids, feats.gallery, q)
+        out["T_m decomposed (rule)"] = {"R@1": round(score(bench, r)["R@1"], 2),
+                                        "by edit type": {k: round(v, 1) for k, v in score_by_category(bench, r).items()}}
     return out
 
 
@@ -217,7 +226,7 @@ def main() -> None:
         model = ComposedQueryEncoder.load(ck)
         r = {"grounding with training captions": training_grounding(model, world, features)}
         for p in a.protocols.split(","):
-            r[p] = protocol_oracles(model, world, features, a.split, p, backbone, cache)
+            r[p] = protocol_oracles(model, world, features, a.split, p, backbone, cache, ck)
         res["runs"][ck] = r
         print(json.dumps({ck: r}), flush=True)
     res["mean"] = summarize(res["runs"])
