@@ -1,5 +1,5 @@
 """Issue 54: why zero-shot FoCo does not compose on the world. One FoCo run of the demo's recipe with overrides,
-with a val curve after every epoch (val R@1 on `single`, `described`, `restaged`: `foco.train.val_curve`) and the
+with a val curve after every epoch (val R@1 on `single`, `described`, `restaged`: `foco.eval.val_curve`) and the
 image route in training: how much of L_comp's positive term F_Comp's visual tokens alone satisfy, on a fixed sample
 of 512 training images, after every epoch. At the end the test R@1 of the same protocols is *reported* (never read
 by a choice: choices read val, docs/benchmarks.md "Choosing FoCo's recipe on val").
@@ -34,7 +34,7 @@ from foco.model import FoCoConfig
 from foco.train.data import build_pair_table
 from foco.train.foco import FoCoTrainConfig, train_foco
 from foco.train.recipes import quickstart_plan
-from foco.train.val_curve import ValCurve
+from foco.eval.val_curve import ValCurve
 from foco.utils.io import atomic_write_text
 from foco.world.manifest import load_pairs
 

@@ -169,23 +169,7 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
                     help="leave out images with fewer decomposition pairs than this (the count is printed); "
                          "--min-pairs K --max-pairs K trains every image on exactly K pairs")
     tr.add_argument("--learn-bias", action="store_true", help="learnable logit bias (off = paper-exact)")
-    from ..train.foco import PARAM_GROUPS
-    tr.add_argument("--param-groups", default="siglip", choices=PARAM_GROUPS,
-                    help="siglip (default): the loss's temperatures and biases in their own optimiser group "
-                         "(--lr-temperature) and no weight decay on them, on norms, biases and F_Comp's query token "
-                         "(open_clip's rule), as SigLIP trains them; legacy: foco before issue 54 (tau and b in "
-                         "their stage's module group, weight decay on every parameter)")
-    tr.add_argument("--lr-temperature", type=learning_rate, default=None,
-                    help="with --param-groups siglip: the temperatures' and biases' learning rate (default: their "
-                         "stage's module rate, --lr-stage1 then --lr-comp)")
-    from .numbers import float_in
-    lev = tr.add_argument_group("levers of issue 54 (NOT in the FoCo paper; off by default)")
-    lev.add_argument("--background-dropout", type=float_in(0.0, 0.99), default=0.0,
-                     help="in training, zero F_Comp's background input per query with this probability, so that "
-                          "the context must carry the rest of the scene (0: never, the paper)")
-    lev.add_argument("--negative-groups", type=nonneg_int, default=0,
-                     help="harder negatives: make each batch of groups of this many images that are one another's "
-                          "nearest neighbours by global feature (0: uniform batches, the paper; one process only)")
+    _add_loss_and_lever_args(tr)
     from ..model.aggr import AGGR_BACKGROUNDS
     tr.add_argument("--background", default="complement", choices=AGGR_BACKGROUNDS,
                     help="how F_Aggr's inverse attention weighs the patches for the background feature "
@@ -205,6 +189,27 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     add_allow_changed(tr)
     _add_edit_args(tr)
     tr.set_defaults(func=_train)
+
+
+def _add_loss_and_lever_args(tr: argparse.ArgumentParser) -> None:
+    """How the loss's temperature and bias train (issue 54, item 1), and issue 54's levers."""
+    from ..train.foco import PARAM_GROUPS
+    tr.add_argument("--param-groups", default="siglip", choices=PARAM_GROUPS,
+                    help="siglip (default): the loss's temperatures and biases in their own optimiser group "
+                         "(--lr-temperature) and no weight decay on them, on norms, biases and F_Comp's query token "
+                         "(open_clip's rule), as SigLIP trains them; legacy: foco before issue 54 (tau and b in "
+                         "their stage's module group, weight decay on every parameter)")
+    tr.add_argument("--lr-temperature", type=learning_rate, default=None,
+                    help="with --param-groups siglip: the temperatures' and biases' learning rate (default: their "
+                         "stage's module rate, --lr-stage1 then --lr-comp)")
+    from .numbers import float_in
+    lev = tr.add_argument_group("levers of issue 54 (NOT in the FoCo paper; off by default)")
+    lev.add_argument("--background-dropout", type=float_in(0.0, 0.99), default=0.0,
+                     help="in training, zero F_Comp's background input per query with this probability, so that "
+                          "the context must carry the rest of the scene (0: never, the paper)")
+    lev.add_argument("--negative-groups", type=nonneg_int, default=0,
+                     help="harder negatives: make each batch of groups of this many images that are one another's "
+                          "nearest neighbours by global feature (0: uniform batches, the paper; one process only)")
 
 
 def _add_edit_args(tr: argparse.ArgumentParser) -> None:

@@ -310,7 +310,7 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
     `on_step(global_step, losses)` is called after each step, counting from 0 across the stages. With `edits` and
     `cfg.stage3_epochs > 0` a third stage trains on ITT triplets (foco-edits, a departure from the paper); a run
     that finished the two paper stages resumes into it. `on_epoch(model, record)` is called on the main rank after
-    each epoch's log record (a val curve: `foco.train.val_curve`; the model is back in training mode after it). `ctx`: the run's ranks and device (`init_distributed`
+    each epoch's log record (a val curve: `foco.eval.val_curve`; the model is back in training mode after it). `ctx`: the run's ranks and device (`init_distributed`
     under torchrun); None: this process on `cfg.device`.
 
     `sharded` (under torchrun): `table` holds this rank's own images (its feature shards, `corpus_parts`), and each
