@@ -43,7 +43,10 @@ class ValCurve:
         got = {}
         for name, (bench, feats) in self.parts.items():
             q = compose(method, bench, feats).query  # (Q, D)
-            got[name] = round(score_queries(q, bench, feats.gallery_ids, feats.gallery)[self.metric], 2)
+            scores = score_queries(q, bench, feats.gallery_ids, feats.gallery)
+            if self.metric not in scores:
+                raise ValueError(f"the val curve's metric {self.metric} is not among {name}'s ({', '.join(scores)})")
+            got[name] = round(scores[self.metric], 2)
         got["mean"] = round(sum(got.values()) / len(got), 2)
         return got
 
