@@ -42,6 +42,29 @@ PROTOCOLS = ("single", "described", "restaged")
 BASELINES = ("image", "text", "sum", "slerp")
 
 
+def markdown_table(folders: list[Path]) -> str:
+    """A Markdown table of finished runs, grouped by name without its "-sN" seed suffix: val and test R@1 per
+    protocol, mean ± sample sd over the group's seeds, the seed count and the final tau_comp and b_comp."""
+    import re
+    import statistics
+    groups: dict[str, list[dict]] = {}
+    for f in folders:
+        path = f / "diagnosis.json"
+        if path.is_file() and "test" in (r := json.loads(path.read_text())) and "curve" in r:
+            groups.setdefault(re.sub(r"-s\d+$", "", f.name), []).append(r)
+    fmt = lambda xs: f"{statistics.mean(xs):.1f} ± {statistics.stdev(xs):.1f}" if len(xs) > 1 else f"{xs[0]:.1f}"  # noqa
+    head = "| run | seeds | " + " | ".join(f"val {p}" for p in PROTOCOLS) + " | **val mean** | " + \
+        " | ".join(f"test {p}" for p in PROTOCOLS) + " | tau_comp, b_comp at the end |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for name, rs in groups.items():
+        temps = rs[0]["curve"][-1]["temperatures"]
+        cells = [fmt([r["val"][p] for r in rs]) for p in PROTOCOLS] + [f"**{fmt([r['val']['mean'] for r in rs])}**"] + \
+            [fmt([r["test"][p] for r in rs]) for p in PROTOCOLS]
+        lines.append(f"| {name} | {len(rs)} | " + " | ".join(cells) +
+                     f" | {temps.get('tau_comp')}, {temps.get('bias_comp')} (seed {rs[0]['seed']}) |")
+    return "\n".join(lines)
+
+
 def demo_config(overrides: dict, seed: int) -> FoCoTrainConfig:
     """The demo's FoCo recipe (`quickstart_plan("default")`) with `overrides` and `seed`; precision auto, as the
     demo trains."""
@@ -85,8 +108,19 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--config", default="{}", help="JSON overrides of the demo's FoCoTrainConfig")
     ap.add_argument("--baselines", action="store_true", help="score the training-free baselines instead")
+    ap.add_argument("--method", default="foco", choices=("foco", "pic2word", "lincir"),
+                    help="pic2word, lincir: train that baseline with its command's defaults (and --seed) on the "
+                         "training folder instead, then score it (the data-scale curve)")
     ap.add_argument("--protocols", default=",".join(PROTOCOLS))
+    ap.add_argument("--train-run", default=None,
+                    help="train on this folder's world/ and features/train instead (a world generated with "
+                         "--train-pairs N: its val and test are --run's, scene for scene); scored on --run's")
+    ap.add_argument("--table", nargs="+", default=None, metavar="RUN",
+                    help="print the Markdown table of these finished runs (grouped by name without -sN) and exit")
     a = ap.parse_args()
+    if a.table:
+        print(markdown_table([Path(x) for x in a.table]))
+        return
     run, out = Path(a.run), Path(a.out)
     protocols = tuple(a.protocols.split(","))
     if (out / "diagnosis.json").is_file():
@@ -107,8 +141,14 @@ def main() -> None:
         return
     overrides = json.loads(a.config)
     cfg = demo_config(overrides, a.seed)
-    table = build_pair_table(run / "features" / "train",
-                             {p.id: p.decomposition for p in load_pairs(run / "world", "train")})
+    src = Path(a.train_run) if a.train_run else run
+    if a.train_run:
+        _check_same_benchmarks(src / "world", run / "world")
+    if a.method != "foco":
+        _baseline(a.method, src, out, a.seed, val, test)
+        return
+    table = build_pair_table(src / "features" / "train",
+                             {p.id: p.decomposition for p in load_pairs(src / "world", "train")})
     sample = torch.randperm(len(table), generator=torch.Generator().manual_seed(1234))[:512]
     curve = []
 
@@ -127,10 +167,38 @@ def main() -> None:
     t = time.time()
     model = train_foco(table, out, cfg, resume=(out / "train_state").exists(), on_epoch=on_epoch)
     from foco.methods.foco import FoCoMethod
-    res = {"config": overrides, "seed": a.seed, "train_s": round(time.time() - t, 1), "curve": curve,
+    res = {"config": overrides, "seed": a.seed, "train pairs": len(table), "train_s": round(time.time() - t, 1), "curve": curve,
            "val": val.score(FoCoMethod(model)), "test": test.score(FoCoMethod(model))}
     atomic_write_text(out / "diagnosis.json", json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res[k] for k in ("val", "test", "train_s")}))
+
+
+def _baseline(method: str, src: Path, out: Path, seed: int, val: ValCurve, test: ValCurve) -> None:
+    """A baseline trained by its own command with its defaults on `src`'s training split, then scored."""
+    from foco.cli import main as foco
+    t = time.time()
+    if method == "pic2word":
+        argv = ["pic2word", "train", "--features", src / "features" / "train", "--out", out / "model", "--seed", seed]
+    else:
+        argv = ["lincir", "train", "--world", src / "world", "--split", "train", "--backbone", "world:vit",
+                "--out", out / "model", "--seed", seed]
+    if foco([str(x) for x in argv]) != 0:
+        raise SystemExit(f"foco {' '.join(map(str, argv))} failed")
+    from foco.backbones import create_backbone
+    m = build_method(method, **{method: out / "model"}, backbone=create_backbone("world:vit"))
+    res = {"method": method, "seed": seed, "train_s": round(time.time() - t, 1), "val": val.score(m),
+           "test": test.score(m)}
+    atomic_write_text(out / "diagnosis.json", json.dumps(res, indent=1) + "\n")
+    print(json.dumps(res))
+
+
+def _check_same_benchmarks(a: Path, b: Path) -> None:
+    """Refuses a training world whose val and test manifests differ from the scoring world's."""
+    ha, hb = (json.loads((w / "world.json").read_text())["manifests_sha256"] for w in (a, b))
+    bad = [k for k in hb if k.startswith("benchmarks/") and ha.get(k) != hb[k]]
+    if bad:
+        raise SystemExit(f"{a} and {b} differ in {', '.join(bad)}: --train-run must be the same world with another "
+                         "--train-pairs")
 
 
 def _test_parts(run: Path, protocols: tuple[str, ...]) -> ValCurve:
