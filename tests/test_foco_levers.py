@@ -79,3 +79,28 @@ def test_background_dropout_zeroes_whole_backgrounds_in_training_only():
     assert 0.3 < dropped.float().mean() < 0.7
     with pytest.raises(ValueError, match="background_dropout"):
         ComposedQueryEncoder(FoCoConfig(dim=16, heads=2, background_dropout=1.0))
+
+
+def test_focus_in_context_swaps_a_seeded_share_of_pairs_and_leaves_the_table_alone():
+    from foco.train.foco import with_focus_in_context
+    table = _table(200)
+    before = table.context_idx.clone()
+    out = with_focus_in_context(table, 0.3, seed=5)
+    assert torch.equal(table.context_idx, before)  # the input table is not changed
+    exists = table.local_idx >= 0
+    swapped = (out.context_idx != before) & exists
+    kept = out.context_idx == before
+    # the twin: every existing pair either keeps its context or takes its own local caption as its context
+    for i in range(table.local_idx.shape[0]):
+        for k in range(table.local_idx.shape[1]):
+            if exists[i, k]:
+                assert int(out.context_idx[i, k]) in (int(before[i, k]), int(table.local_idx[i, k]))
+    assert bool((kept | swapped).all())
+    assert 0.2 < swapped.sum().item() / exists.sum().item() < 0.4
+    assert torch.equal(with_focus_in_context(table, 0.3, seed=5).context_idx, out.context_idx)  # seeded
+    assert torch.equal(out.local_idx, table.local_idx) and out.image_global is table.image_global
+    b = out.batch(torch.arange(8))
+    ref = table.batch(torch.arange(8))
+    assert torch.equal(b.local, ref.local)
+    with pytest.raises(ValueError, match="--focus-in-context"):
+        train_foco(table, "/nonexistent/unused", FoCoTrainConfig(focus_in_context=1.5))

@@ -89,6 +89,7 @@ def _train(a: argparse.Namespace) -> int:
             lr_stage1=a.lr_stage1, lr_aggr=a.lr_aggr, lr_comp=a.lr_comp, max_negatives=a.max_negatives, seed=a.seed,
             max_pairs=a.max_pairs, min_pairs=a.min_pairs, param_groups=a.param_groups,
             lr_temperature=a.lr_temperature, negative_groups=a.negative_groups,
+            focus_in_context=a.focus_in_context,
             model=FoCoConfig(learn_bias=a.learn_bias, background_dropout=a.background_dropout, background=a.background, **SHAPES[a.shape]),
             stage3_epochs=a.stage3_epochs, lr_edit_aggr=a.lr_edit, lr_edit_comp=a.lr_edit,
             preserve_weight=a.preserve_weight, edit_negatives=not a.no_edit_negatives, image_weight=a.image_weight,
@@ -210,6 +211,10 @@ def _add_loss_and_lever_args(tr: argparse.ArgumentParser) -> None:
     lev.add_argument("--negative-groups", type=nonneg_int, default=0,
                      help="harder negatives: make each batch of groups of this many images that are one another's "
                           "nearest neighbours by global feature (0: uniform batches, the paper; one process only)")
+    lev.add_argument("--focus-in-context", type=float_in(0.0, 1.0), default=0.0,
+                     help="this share of the (local, context) pairs gets the local caption as its context, so that "
+                          "F_Comp also reads the focused object from the text (0: the paper's contexts, which never "
+                          "name it)")
 
 
 def _add_edit_args(tr: argparse.ArgumentParser) -> None:

@@ -55,6 +55,10 @@ class FoCoTrainConfig:
     # images that are one another's nearest neighbours by v_g (`neighbour_order`), so that the cross-instance
     # negatives share the anchor's content; 0 or 1: uniform batches, as the paper draws them
     negative_groups: int = 0
+    # NOT in the paper (issue 54's lever, pointed to by the oracles): this share of the (local, context) pairs, drawn
+    # once per run from its seed, has its contextual caption replaced by the local caption itself, so that F_Comp
+    # also learns to read the focused object from the text (the paper's contexts never name it); 0: the paper
+    focus_in_context: float = 0.0
     max_pairs: int = 5  # K, decomposition pairs used per image (the first ones); 1 is ablation 3b
     min_pairs: int = 1  # images with fewer decomposition pairs are left out of training (the K curve: --min-pairs K)
     # stage 3, trained with edits (foco-edits): NOT in the FoCo paper; 0 epochs (the default) is the paper's recipe
@@ -324,6 +328,8 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
     _check_ablations(cfg)
     cfg = replace(cfg, model=replace(cfg.model, dim=table.dim))
     table = _with_pairs(table, cfg)
+    if cfg.focus_in_context > 0:
+        table = with_focus_in_context(table, cfg.focus_in_context, cfg.seed)
     if hasattr(table, "for_device"):  # read ahead for the run's device: pinned fp16 for a GPU
         table = table.for_device(ctx.device)
 
@@ -380,6 +386,22 @@ def _with_pairs(table: TrainingPairs, cfg: FoCoTrainConfig) -> TrainingPairs:
     return table.subset(keep) if len(keep) < len(counts) else table
 
 
+def with_focus_in_context(table: TrainingPairs, share: float, seed: int) -> TrainingPairs:
+    """A copy of `table` in which `share` of the existing pairs (a seeded draw) have their context replaced by their
+    local caption (`FoCoTrainConfig.focus_in_context`); the local captions, images and the rest are unchanged."""
+    import copy
+    ctx = getattr(table, "context_idx", None)
+    if ctx is None:
+        raise ValueError("--focus-in-context rewrites the table's pairs: it needs a feature cache (foco train "
+                         "--features), not --online encoding")
+    g = torch.Generator().manual_seed(seed)
+    swap = (torch.rand(ctx.shape, generator=g) < share) & (table.local_idx >= 0)  # (N, K)
+    out = copy.copy(table)
+    out.context_idx = torch.where(swap, table.local_idx, ctx)
+    out.__dict__.pop("_token_length", None)  # the longest context may have changed
+    return out
+
+
 def _check_ablations(cfg: FoCoTrainConfig) -> None:
     from .losses import LOSSES, NEGATIVES
     if cfg.loss not in LOSSES:
@@ -392,6 +414,8 @@ def _check_ablations(cfg: FoCoTrainConfig) -> None:
     if cfg.lr_temperature is not None and cfg.param_groups != "siglip":
         raise ValueError("--lr-temperature sets the rate of the temperatures' own group, which only --param-groups "
                          f"siglip has (got {cfg.param_groups!r})")
+    if not 0.0 <= cfg.focus_in_context <= 1.0:
+        raise ValueError(f"focus_in_context must be in [0, 1], got {cfg.focus_in_context} (--focus-in-context)")
     if cfg.negative_groups < 0:
         raise ValueError(f"negative_groups must be 0 or more, got {cfg.negative_groups} (--negative-groups)")
     if cfg.max_pairs < 1:
