@@ -13,9 +13,9 @@ backbone), all of it in fp32, features included. The weights each one saves are 
   within `FACTOR` times the largest distance measured for that tensor between kernel kinds (or its trainer's
   median, where it came out the same on every kind), recorded with its machine and command in
   `data/same_checkpoints-spread.json` (`python experiments/goldens_spread.py --write`: the native AVX-512 kernels
-  against AVX2 and SSE4.2 ones; the largest per trainer: FoCo 1.4e-5, foco-edits 2.7e-5 (both written again at issue 54, whose parameter groups change FoCo's weights by design), Pic2Word 3.1e-5, PACT
-  8.6e-6, TSCIR 9.7e-4, LinCIR 2.7e-6, the world backbone 1.9e-2, in the rarely used rows of its text position
-  table).
+  against AVX2 and SSE4.2 ones; the largest per trainer: FoCo 1.4e-5, foco-edits 2.7e-5 (both written again at
+  issue 54, whose parameter groups change FoCo's weights by design), Pic2Word 3.1e-5, PACT 8.6e-6, TSCIR 9.7e-4,
+  LinCIR 2.7e-6, the world backbone 1.9e-2, in the rarely used rows of its text position table).
 
 The tests at the end show the tolerance catching a change of one trainer's update: FoCo with every learning rate
 times 1.01 (67 of its 79 tensors fail, the farthest at 3,000 times its tolerance), and with one line of its loss
