@@ -82,7 +82,7 @@ def image_route(model, table, rows: torch.Tensor) -> dict[str, float]:
     zeroed: "text")."""
     from foco.train.losses import _scale
     model.eval()
-    batch = table.batch(rows)
+    batch = table.batch(rows).on(next(model.parameters()).device)
     b, K, D = batch.local.shape
     v, bg, _ = model.aggr(batch.local, batch.image_global, batch.patches)  # (b, K, D) x2
     L = batch.ctx_tokens.shape[2]

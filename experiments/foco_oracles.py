@@ -72,9 +72,13 @@ def target_pair(scene: Scene, edit: dict) -> tuple[str, str]:
     """The target's own (local, context) oracle pair for the edit (module docstring); every object named."""
     choice = CaptionChoice(np.random.default_rng(0), scene, partial=False)
     _, dec, grounds = caption_scene(scene, choice)
-    want = "background" if edit["type"] == "background" else f"object:{edit.get('index')}"
-    if edit["type"] == "add":
-        want = f"object:{len(scene.objects) - 1}"  # the added object is the last
+    want = None  # remove: the object is gone from the target, whose first pair is taken
+    if edit["type"] == "background":
+        want = "background"
+    elif edit["type"] == "add":  # the added object: the target's object in the edit's cell
+        want = next((f"object:{i}" for i, o in enumerate(scene.objects) if o.cell == edit["cell"]), None)
+    elif edit["type"] != "remove":
+        want = f"object:{edit['index']}"
     k = grounds.index(want) if want in grounds else 0
     return dec.pairs[k].local, dec.pairs[k].context
 

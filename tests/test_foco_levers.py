@@ -104,3 +104,34 @@ def test_focus_in_context_swaps_a_seeded_share_of_pairs_and_leaves_the_table_alo
     assert torch.equal(b.local, ref.local)
     with pytest.raises(ValueError, match="--focus-in-context"):
         train_foco(table, "/nonexistent/unused", FoCoTrainConfig(focus_in_context=1.5))
+
+
+def test_focus_in_context_never_swaps_in_a_local_caption_without_tokens(capsys):
+    """A training cache stores token features for contextual captions only: a local caption that is never a
+    context has none, and swapping it in would leave F_Comp an empty context. Those pairs keep theirs, and it is
+    said; a cache where no local caption has tokens is refused."""
+    from foco.train.foco import with_focus_in_context
+    table = _table(100)
+    tokenless = table.local_idx[:, 0]  # every image's first local caption: no tokens in this copy of the cache
+    table.text_mask = table.text_mask.clone()
+    table.text_mask[tokenless] = False
+    out = with_focus_in_context(table, 1.0, seed=0)
+    assert torch.equal(out.context_idx[:, 0], table.context_idx[:, 0])  # kept
+    assert torch.equal(out.context_idx[:, 1:], table.local_idx[:, 1:])  # the others all swapped at share 1
+    assert "100 drawn pairs keep theirs" in capsys.readouterr().out
+    table.text_mask[:] = False
+    with pytest.raises(ValueError, match="no local caption of this feature cache has token features"):
+        with_focus_in_context(table, 0.5, seed=0)
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"negative_groups": 1}, "negative_groups must be 0"),
+    ({"negative_groups": 9}, "negative_groups must be 0"),  # more than the batch of 8
+    ({"model": FoCoConfig(heads=2, background_dropout=0.5, comp_layers="linear")}, "--background-dropout"),
+    ({"allow_changed": ("param-groups",)}, "--allow-changed param_groups"),
+])
+def test_lever_settings_that_cannot_work_are_refused_by_name(tmp_path, change, match):
+    cfg = FoCoTrainConfig(**{**FoCoTrainConfig(stage1_epochs=1, stage2_epochs=1, batch_size=8,
+                                               model=FoCoConfig(heads=2)).__dict__, **change})
+    with pytest.raises(ValueError, match=match):
+        train_foco(_table(), tmp_path / "run", cfg)

@@ -197,8 +197,8 @@ def _add_loss_and_lever_args(tr: argparse.ArgumentParser) -> None:
     from ..train.foco import PARAM_GROUPS
     tr.add_argument("--param-groups", default="siglip", choices=PARAM_GROUPS,
                     help="siglip (default): the loss's temperatures and biases in their own optimiser group "
-                         "(--lr-temperature) and no weight decay on them, on norms, biases and F_Comp's query token "
-                         "(open_clip's rule), as SigLIP trains them; legacy: foco before issue 54 (tau and b in "
+                         "(--lr-temperature) and no weight decay on them, on norms, biases and learned tokens "
+                         "(open_clip's rule), as SigLIP trains them (stages 1 and 2; the edit stage as before); legacy: foco before issue 54 (tau and b in "
                          "their stage's module group, weight decay on every parameter)")
     tr.add_argument("--lr-temperature", type=learning_rate, default=None,
                     help="with --param-groups siglip: the temperatures' and biases' learning rate (default: their "
@@ -210,7 +210,8 @@ def _add_loss_and_lever_args(tr: argparse.ArgumentParser) -> None:
                           "the context must carry the rest of the scene (0: never, the paper)")
     lev.add_argument("--negative-groups", type=nonneg_int, default=0,
                      help="harder negatives: make each batch of groups of this many images that are one another's "
-                          "nearest neighbours by global feature (0: uniform batches, the paper; one process only)")
+                          "nearest neighbours by global feature (0: uniform batches, the paper; 2 to --batch-size; not "
+                          "with --sharded)")
     lev.add_argument("--focus-in-context", type=float_in(0.0, 1.0), default=0.0,
                      help="this share of the (local, context) pairs gets the local caption as its context, so that "
                           "F_Comp also reads the focused object from the text (0: the paper's contexts, which never "
