@@ -220,7 +220,15 @@ def main() -> None:
     ap.add_argument("--protocols", default=",".join(PROTOCOLS))
     ap.add_argument("--backbone", default="world:vit")
     ap.add_argument("--out", required=True)
+    ap.add_argument("--markdown", action="store_true", help="print the Markdown tables of an existing --out and exit")
     a = ap.parse_args()
+    if a.markdown:  # the tables of the --checkpoints among the output's runs (their mean and sd)
+        res = json.loads(Path(a.out).read_text())
+        runs = {k: v for k, v in res["runs"].items() if k in a.checkpoints}
+        if not runs:
+            raise SystemExit(f"none of {a.checkpoints} is among {a.out}'s runs: {list(res['runs'])}")
+        print(markdown({**res, "checkpoints": list(runs), "mean": summarize(runs)}))
+        return
     run = Path(a.run)
     world, features = run / "world", run / "features"
     backbone = create_backbone(a.backbone)
@@ -236,6 +244,31 @@ def main() -> None:
     res["mean"] = summarize(res["runs"])
     atomic_write_text(Path(a.out), json.dumps(res, indent=1) + "\n")
     print(json.dumps(res["mean"], indent=1))
+
+
+RUNS = ("as trained", "oracle focus", "oracle text", "oracle focus + text", "pooled text only",
+        "T_m decomposed (rule)")
+
+
+def markdown(res: dict) -> str:
+    """The oracle tables of a finished output: R@1 per protocol and run, the by-edit-type table on each protocol's
+    "as trained" and "oracle text", and the grounding shares (mean ± sd over the checkpoints)."""
+    m = res["mean"]
+    f = lambda k: f"{m[k][0]:.1f} ± {m[k][1]:.1f}" if k in m else ""  # noqa: E731
+    prots = [p for p in PROTOCOLS if f"{p}/as trained/R@1" in m]
+    out = [f"{len(res['checkpoints'])} checkpoints, {res['split']} split; R@1 mean ± sd", "",
+           "| run | " + " | ".join(prots) + " | grounding on the edited object's cell (single) |",
+           "|---|" + "---|" * (len(prots) + 1)]
+    for r in RUNS:
+        out.append(f"| {r} | " + " | ".join(f(f"{p}/{r}/R@1") for p in prots) + f" | {f(f'single/{r}/grounding')} |")
+    out += ["", f"grounding with training local captions: {f('grounding with training captions')} (chance 25)",
+            f"text probe (micro-F1 of what a caption names): {res['text probe']}", ""]
+    types = sorted({k.split("/")[3] for k in m if "/by edit type/" in k})
+    out += ["| protocol | run | " + " | ".join(types) + " |", "|---|---|" + "---|" * len(types)]
+    for p in prots:
+        for r in ("as trained", "oracle text", "T_m decomposed (rule)"):
+            out.append(f"| {p} | {r} | " + " | ".join(f(f"{p}/{r}/by edit type/{t}") for t in types) + " |")
+    return "\n".join(out)
 
 
 def summarize(runs: dict) -> dict:
