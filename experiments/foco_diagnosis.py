@@ -42,6 +42,34 @@ PROTOCOLS = ("single", "described", "restaged")
 BASELINES = ("image", "text", "sum", "slerp")
 
 
+def paired_table(folders: list[Path], against: str) -> str:
+    """Each group's paired differences against the group `against`, seed by seed (mean ± sample sd over the seeds
+    both ran): val mean, test described, test restaged, test single."""
+    import re
+    import statistics
+    runs: dict[str, dict[int, dict]] = {}
+    for f in folders:
+        path = f / "diagnosis.json"
+        if path.is_file() and "curve" in (r := json.loads(path.read_text())):
+            runs.setdefault(re.sub(r"-s\d+$", "", f.name), {})[r["seed"]] = r
+    base = runs.get(against, {})
+    cols = (("val", "mean"), ("test", "described"), ("test", "restaged"), ("test", "single"))
+    lines = [f"| lever minus {against} (paired by seed) | seeds | " + " | ".join(f"Δ {a} {b}" for a, b in cols) + " |",
+             "|---|---|" + "---|" * len(cols)]
+    for name, by_seed in runs.items():
+        if name == against:
+            continue
+        seeds = sorted(set(by_seed) & set(base))
+        if not seeds:
+            continue
+        cells = []
+        for a, b in cols:
+            d = [by_seed[s][a][b] - base[s][a][b] for s in seeds]
+            cells.append(f"{statistics.mean(d):+.1f} ± {statistics.stdev(d):.1f}" if len(d) > 1 else f"{d[0]:+.1f}")
+        lines.append(f"| {name} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def markdown_table(folders: list[Path]) -> str:
     """A Markdown table of finished runs, grouped by name without its "-sN" seed suffix: val and test R@1 per
     protocol, mean ± sample sd over the group's seeds, the seed count and the final tau_comp and b_comp."""
@@ -117,9 +145,13 @@ def main() -> None:
                          "--train-pairs N: its val and test are --run's, scene for scene); scored on --run's")
     ap.add_argument("--table", nargs="+", default=None, metavar="RUN",
                     help="print the Markdown table of these finished runs (grouped by name without -sN) and exit")
+    ap.add_argument("--against", default=None, help="with --table: paired differences against this run group")
     a = ap.parse_args()
     if a.table:
         print(markdown_table([Path(x) for x in a.table]))
+        if a.against:
+            print()
+            print(paired_table([Path(x) for x in a.table], a.against))
         return
     run, out = Path(a.run), Path(a.out)
     protocols = tuple(a.protocols.split(","))
