@@ -28,9 +28,18 @@ BACKBONE_RECORD = Field("str|dict", fields={"spec": Field("str", lo=1, hi=4096, 
                                             "weights_sha256": opt(HEX64)})
 
 
+_CONFIG_FLOATS = ("aggr_mlp_ratio", "comp_mlp_ratio", "aggr_block_ffn_ratio", "aggr_ffn_ratio", "map_mlp_ratio",
+                  "init_temperature", "init_bias", "background_dropout")
+
+
 def _divisible(cfg: dict) -> str | None:
     if cfg.get("dim", 1) % cfg.get("heads", 1):
         return f"dim {cfg['dim']} is not a multiple of heads {cfg['heads']}"
+    # foco writes every float field of the config as a float (asdict of FoCoConfig): an int there was not written
+    # by foco, and fields such as init_temperature change no weight's shape, so nothing else would notice
+    ints = [k for k in _CONFIG_FLOATS if type(cfg.get(k)) is int]
+    if ints:
+        return f"{', '.join(f'{k} holds the int {cfg[k]}' for k in ints)}, where foco writes a float"
     return None
 
 
@@ -46,7 +55,8 @@ def _model_config() -> Field:
         "use_background": Field("bool", optional=True), "anchor_init": Field("bool", optional=True),
         "aggr_query": name, "aggr_attention": name, "background": name, "comp_layers": name, "focus": name,
         "init_temperature": Field("float", lo=1e-6, hi=1e4, optional=True),
-        "learn_bias": Field("bool", optional=True), "init_bias": Field("float", lo=-1e4, hi=1e4, optional=True)})
+        "learn_bias": Field("bool", optional=True), "init_bias": Field("float", lo=-1e4, hi=1e4, optional=True),
+        "background_dropout": Field("float", lo=0.0, hi=0.99, optional=True)})
 
 
 def _checkpoint() -> Field:

@@ -44,6 +44,13 @@ class FoCoConfig:
     init_bias: float = -10.0  # the bias's starting value when learn_bias is on (SigLIP's choice)
     background_dropout: float = 0.0  # NOT in the paper (issue 54's lever): F_Comp's v̄ zeroed in training (model.comp)
 
+    def __post_init__(self):  # the float fields hold floats, as foco.json records them (an int there is refused)
+        for name in ("aggr_mlp_ratio", "comp_mlp_ratio", "aggr_block_ffn_ratio", "aggr_ffn_ratio", "map_mlp_ratio",
+                     "init_temperature", "init_bias", "background_dropout"):
+            value = getattr(self, name)
+            if isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, name, float(value))
+
 
 # Named module shapes: the fields each sets (everything else stays as given).
 SHAPES: dict[str, dict[str, float]] = {

@@ -377,7 +377,8 @@ def train_foco(table: TrainingPairs, out: str | Path, cfg: FoCoTrainConfig, resu
             if on_epoch is not None and ctx.is_main:
                 on_epoch(model, rec)
                 model.train()
-        return Plan(model, phases, loop, save, generator=gen, on_step=on_step, on_epoch=epoch_done)
+        return Plan(model, phases, loop, save, generator=gen, on_step=on_step,
+                    on_epoch=epoch_done if on_epoch is not None else None)
     return train_run(ctx, build, resume).model
 
 

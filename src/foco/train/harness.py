@@ -55,7 +55,8 @@ def train_run(ctx: RunContext, build: Callable[[RunContext], Plan], resume: bool
     if ctx.world_size > 1:  # the weights are built alike on every rank; from here each rank draws its own masks
         torch.manual_seed(ctx.seed + ctx.rank)
     loop = replace(plan.loop, env=ctx, device=ctx.device)
-    history = run(plan.model, plan.phases, out, loop, rng, resume, plan.generator, plan.on_step, plan.on_epoch)
+    extra = {} if plan.on_epoch is None else {"on_epoch": plan.on_epoch}  # passed only where a trainer has one
+    history = run(plan.model, plan.phases, out, loop, rng, resume, plan.generator, plan.on_step, **extra)
     if ctx.is_main:
         plan.save(history)
     return plan
