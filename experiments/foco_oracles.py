@@ -283,7 +283,7 @@ def summarize(runs: dict) -> dict:
             acc[prefix].append(v)
     for r in runs.values():
         walk("", r)
-    return {k: [round(float(np.mean(v)), 2), round(float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, 2)]
+    return {k: [round(float(np.mean(v)), 4), round(float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, 4)]
             for k, v in acc.items()}
 
 
