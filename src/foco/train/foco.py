@@ -256,7 +256,8 @@ def nearest_neighbours(g: torch.Tensor, m: int, chunk: int = 1024) -> torch.Tens
     out = []
     for s in range(0, g.shape[0], chunk):
         sims = g[s:s + chunk] @ g.t()  # (c, N)
-        sims[torch.arange(sims.shape[0]), torch.arange(s, s + sims.shape[0])] = float("-inf")  # not itself
+        own = torch.arange(sims.shape[0], device=sims.device)
+        sims[own, own + s] = float("-inf")  # not itself
         out.append(sims.topk(min(m, g.shape[0] - 1), dim=1).indices)
     return torch.cat(out)
 
