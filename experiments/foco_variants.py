@@ -14,11 +14,11 @@ next to the simple baselines, with R@1 per edit type. Used for the settings and 
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import time
 from pathlib import Path
 
-import torch
 
 from foco.benchmarks.world import load_world_part
 from foco.eval.compose import compose
@@ -43,9 +43,9 @@ def main() -> None:
                     help="exploratory: during training, zero F_Comp's background input with this probability per "
                          "query, so that the contextual caption must supply the rest of the scene")
     a = ap.parse_args()
-    if a.background_dropout > 0:
-        _drop_background_in_training(a.background_dropout)
     kw = json.loads(a.config)
+    if a.background_dropout > 0:  # foco's own switch (FoCoConfig.background_dropout), NOT in the paper
+        kw.setdefault("model", {})["background_dropout"] = a.background_dropout
     cfg = FoCoTrainConfig(**{k: v for k, v in kw.items() if k != "model"}, model=FoCoConfig(**kw.get("model", {})))
     feats = Path(a.features)
     table = build_pair_table(feats / "train", {p.id: p.decomposition for p in load_pairs(a.world, "train")})
@@ -53,10 +53,8 @@ def main() -> None:
         n = a.pairs
         table = PairTable(table.image_global[:n], table.patches[:n], table.text_global, table.text_tokens,
                           table.text_mask, table.local_idx[:n], table.context_idx[:n])
-    if a.local_context_prob > 0:
-        g = torch.Generator().manual_seed(0)
-        swap = (torch.rand(table.local_idx.shape, generator=g) < a.local_context_prob) & (table.local_idx >= 0)
-        table.context_idx = torch.where(swap, table.local_idx, table.context_idx)
+    if a.local_context_prob > 0:  # foco's own switch (FoCoTrainConfig.focus_in_context), NOT in the paper
+        cfg = replace(cfg, focus_in_context=a.local_context_prob)
     t = time.time()
     train_foco(table, a.out, cfg)
     res = {"config": kw, "local_context_prob": a.local_context_prob, "background_dropout": a.background_dropout,
@@ -71,21 +69,6 @@ def main() -> None:
             if proto == "single":
                 m["R@1_by_edit_type"] = {k: round(v, 1) for k, v in score_by_category(bench, ranked).items()}
     print(json.dumps(res, indent=1))
-
-
-def _drop_background_in_training(p: float) -> None:
-    """Wraps F_Comp's forward for this process: in training mode, each query's background is zeroed with
-    probability p. Evaluation is untouched."""
-    from foco.model.comp import FComp
-    forward = FComp.forward
-
-    def dropped(self, v_loc, background, ctx_tokens, ctx_mask):
-        if self.training:
-            keep = (torch.rand(background.shape[:2]) >= p).to(background.dtype)[..., None]  # (T, N, 1)
-            background = background * keep
-        return forward(self, v_loc, background, ctx_tokens, ctx_mask)
-
-    FComp.forward = dropped
 
 
 if __name__ == "__main__":
