@@ -30,7 +30,6 @@ import torch
 import torch.nn.functional as F
 
 from foco.methods import build_method
-from foco.model import FoCoConfig
 from foco.train.data import build_pair_table
 from foco.train.foco import FoCoTrainConfig, train_foco
 from foco.train.recipes import quickstart_plan
