@@ -306,7 +306,8 @@ class HFBackbone:
         return row.detach().float().cpu()
 
     def encode_texts_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor,
-                                 placeholder: str = "*", text_model: torch.nn.Module | None = None) -> TextFeatures:
+                                 placeholder: str = "*", text_model: torch.nn.Module | None = None,
+                                 keep: tuple[int, int] | None = None) -> TextFeatures:
         """`encode_texts` with every `placeholder` token of text b replaced by the embedding row `embeddings[b]`.
 
         The replacement happens on the output of ``embeddings.token_embedding`` (a forward hook), so position
@@ -318,7 +319,7 @@ class HFBackbone:
         """
         input_ids, mask = self._tokenize(texts)  # (B, L), (B, L)
         slots = placeholder_slots(input_ids, single_token_id(self.tokenizer, placeholder), texts, placeholder,
-                                  embeddings).to(self.device)  # (B, L)
+                                  embeddings, keep).to(self.device)  # (B, L)
         emb = embeddings.to(self.device, self.dtype)  # (B, E)
 
         def replace(module, args, out):  # out: (B, L, E)

@@ -28,16 +28,29 @@ class PseudoTokenBackbone(Backbone, Protocol):
     def token_embedding(self, word: str) -> torch.Tensor: ...
 
     def encode_texts_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor,
-                                 placeholder: str = "*") -> TextFeatures: ...
+                                 placeholder: str = "*", keep: tuple[int, int] | None = None) -> TextFeatures: ...
 
 
 def placeholder_slots(input_ids: torch.Tensor, placeholder_id: int, texts: Sequence[str], placeholder: str,
-                      embeddings: torch.Tensor) -> torch.Tensor:
+                      embeddings: torch.Tensor, keep: tuple[int, int] | None = None) -> torch.Tensor:
     """(B, L) bool, True where `input_ids` holds the placeholder. Every text must hold it (at least once), and
-    `embeddings` must be (B, E)."""
+    `embeddings` must be (B, E).
+
+    `keep` = (first, last): only the first `first` and the last `last` placeholders of each text are slots, those
+    of a query template around a user's text (`foco.methods.pic2word.template_slots`), so that the user's own
+    placeholder characters stay the words they typed."""
     if embeddings.ndim != 2 or embeddings.shape[0] != len(texts):
         raise ValueError(f"expected ({len(texts)}, E) embeddings, got {tuple(embeddings.shape)}")
     slots = input_ids == placeholder_id  # (B, L)
+    if keep is not None:
+        first, last = keep
+        seen = slots.long().cumsum(1)  # (B, L): placeholders up to each position
+        total = seen[:, -1:]  # (B, 1)
+        short = [t for t, n in zip(texts, total[:, 0].tolist()) if n < first + last]
+        if short:
+            raise ValueError(f"{len(short)} text(s) hold fewer than the template's {first + last} {placeholder!r} "
+                             f"tokens (truncated?), e.g. {short[0]!r}")
+        slots = slots & ((seen <= first) | (seen > total - last))
     missing = [t for t, row in zip(texts, slots) if not bool(row.any())]
     if missing:
         raise ValueError(f"{len(missing)} text(s) hold no {placeholder!r} token (truncated, or not separated by "

@@ -192,14 +192,14 @@ class FrozenMiniLM(nn.Module):
                             attention_mask=batch["attention_mask"].to(device)).last_hidden_state
         return states.clone(), batch["attention_mask"].to(device).bool()  # (B, L, 384), (B, L) on the model's device
 
-    def forward_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor, placeholder: str = "*"
-                            ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor, placeholder: str = "*",
+                            keep: tuple[int, int] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`forward` with the word embedding of each text's `placeholder` token replaced by `embeddings[b]` (B, 384),
         in the caller's grad mode (BERT's `inputs_embeds` path: position and type embeddings are added as usual)."""
         batch = self.tokenize(texts)
         ids = batch["input_ids"].to(embeddings.device)  # (B, L)
         slots = placeholder_slots(ids, single_token_id(self.tokenizer, placeholder), texts, placeholder,
-                                  embeddings)  # (B, L)
+                                  embeddings, keep)  # (B, L)
         words = self.model.embeddings.word_embeddings(ids)  # (B, L, 384)
         inputs = torch.where(slots[..., None], embeddings[:, None, :].to(words.dtype), words)  # (B, L, 384)
         mask = batch["attention_mask"].to(embeddings.device)  # (B, L)
@@ -348,10 +348,11 @@ class WorldBackbone:
         return weight[single_token_id(self.minilm.tokenizer, word)].detach().float().cpu()
 
     def encode_texts_with_tokens(self, texts: Sequence[str], embeddings: torch.Tensor,
-                                 placeholder: str = "*") -> TextFeatures:
+                                 placeholder: str = "*", keep: tuple[int, int] | None = None) -> TextFeatures:
         """`encode_texts` with each text's `placeholder` word embedding replaced by `embeddings[b]` (B, E), before the
         frozen MiniLM; then the TextHead as usual. Runs in the caller's grad mode (see `foco.backbones.pseudo`)."""
-        states, mask = self.minilm.forward_with_tokens(texts, embeddings.to(self.device), placeholder)  # (B, L, E)
+        states, mask = self.minilm.forward_with_tokens(texts, embeddings.to(self.device), placeholder,
+                                                       keep)  # (B, L, E)
         global_, tokens = self.model.text(states, mask)  # (B, D), (B, L, D)
         out = embeddings.device  # the caller's: a trained mapper's device
         return TextFeatures(F.normalize(global_, dim=-1).float().to(out), tokens.float().to(out), mask.to(out),

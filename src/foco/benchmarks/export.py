@@ -130,8 +130,8 @@ def export_world(world: str | Path, fmt: str, split: str, out: str | Path, force
     plan.write_json(out / f"world_export.{fmt}.{split}.json", summary)
     check_outputs(out, [p for p, _ in plan.json], force)
     plan.check_images()
-    plan.run()
-    record_outputs(out, [p for p, _ in plan.json] + [d for _, d in plan.images])
+    record_outputs(out, [p for p, _ in plan.json] + [d for _, d in plan.images])  # before they are written: an
+    plan.run()  # interrupted export is resumed, not refused as a user's files
     return summary
 
 

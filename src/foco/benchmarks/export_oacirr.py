@@ -84,8 +84,8 @@ def export_oacirr(world: str | Path, out: str | Path, splits: tuple[str, ...] = 
     plan.write_json(out / SUMMARY, summary)
     check_outputs(out, [p for p, _ in plan.json], force)
     plan.check_images()
-    plan.run()
-    record_outputs(out, [p for p, _ in plan.json] + [d for _, d in plan.images])
+    record_outputs(out, [p for p, _ in plan.json] + [d for _, d in plan.images])  # before they are written: an
+    plan.run()  # interrupted export is resumed, not refused as a user's files
     return summary
 
 

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 
+from .bounds import apply_bounds
 from . import (ablate, adafocal, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search,
                serve, train, world)
 
@@ -21,6 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for group in GROUPS:
         group.register(sub)
+    apply_bounds(p)  # every count's documented upper bound (bounds.py)
     return p
 
 
@@ -35,13 +37,16 @@ def main(argv: list[str] | None = None) -> int:
     from ..decompose.client import ConfigError
     from ..utils.io import ImageLoadError, ManifestError, WriteError
     from ..train.distributed import RankLost
-    from .common import check_outputs, mark_outputs
+    from .rules import enforce
     try:
-        check_outputs(args)
+        claimed = enforce(args)  # the command's declared rules, before it writes anything (foco.cli.rules)
+        code = 1
         try:
-            return args.func(args)
+            code = args.func(args)
+            return code
         finally:
-            mark_outputs(args)
+            if code:
+                claimed.undo_empty()
     except (ManifestError, ImageLoadError, ConfigError, FileNotFoundError, FileExistsError, ValueError,
             ImportError, WriteError, PermissionError, RankLost) as exc:
         print(f"foco: error: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .rules import declare
 from .common import add_owned_output, add_device_arg, positive_int
 
 
@@ -77,3 +78,4 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "budget); recorded, so one --out holds one batch size")
     add_device_arg(p)
     p.set_defaults(func=_ablate)
+    declare(p, reads={"world": "world", "features": "feature caches"}, values=("variants",))

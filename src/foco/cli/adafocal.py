@@ -5,6 +5,7 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .rules import declare
 from .common import add_device_arg, add_owned_output, learning_rate, nonneg_int, positive_int, seed_int
 from .numbers import float_in
 from .resume import add_allow_changed, add_resume_args, start_or_continue
@@ -26,7 +27,8 @@ def train_on_world(features: Path, world: Path, split: str, out: Path, cfg: "Ada
     data = quadruples_from_parts(bench, feats)
     fc = FeatureCache(cache)
     meta = {"provenance": {"backbone": feats.backbone, "features": {
-        "path": str(cache.resolve()), "fingerprint": cache_fingerprint(fc.manifest)}},
+        "path": str(cache.resolve()), "fingerprint": cache_fingerprint(fc.manifest),
+        **({"source": fc.manifest["source"]} if isinstance(fc.manifest.get("source"), dict) else {})}},
         "data": {"world": str(Path(world).resolve()), "split": split, "quadruples": len(data),
                  "instances": len(set(data.instance_ids))}}
     train_adafocal(data, out, cfg, resume=resume, meta=meta)
@@ -77,3 +79,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_resume_args(p)
     add_allow_changed(p)
     p.set_defaults(func=_adafocal_train)
+    declare(p, reads={"features": "feature caches", "world": "world"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .rules import declare
 from .common import (add_device_arg, add_owned_output, add_precision_arg, learning_rate, nonneg_int, positive_int,
                      print_table, seed_int)
 from .resume import add_allow_changed, add_resume_args, start_or_continue
@@ -56,9 +57,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_precision_arg(t)
     add_allow_changed(t)
     t.set_defaults(func=_train)
+    declare(t, reads={"world": "world"})
     e = bb.add_parser("eval", help="caption<->image retrieval of a backbone on a pairs split")
     e.add_argument("--backbone", required=True, help="e.g. world:runs/backbone or hf:PATH")
     e.add_argument("--world", required=True, help="world folder (foco world generate --out)")
     e.add_argument("--split", default="backbone_val", help="which split to read")
     add_device_arg(e)
     e.set_defaults(func=_eval)
+    declare(e, reads={"world": "world", "backbone": "backbone"}, values=("split",))

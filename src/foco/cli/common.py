@@ -5,6 +5,7 @@ import argparse
 import math
 from pathlib import Path
 
+from .rules import check_writable  # noqa: F401  (evaluate's --out)
 from .numbers import (finite_float, float_in, learning_rate, lora_alpha, loss_weight, seconds,  # noqa: F401
                       unit_float, wait_seconds)
 
@@ -43,53 +44,18 @@ def nonneg_int(v: str) -> int:
 
 def add_owned_output(p: argparse.ArgumentParser, dest: str = "out", signature: tuple[str, ...] = (),
                      flag: str | None = None, kind: str | None = None) -> None:
-    """Declares that the folder of `dest` is written by this command: `foco.cli.main` claims it before the command
-    runs, refusing a non-empty folder foco did not write (`foco.utils.ownership`) unless --force, and a folder of
-    another `kind` of artifact (`ownership.KINDS`) always. A folder an earlier foco wrote is recognised by its kind's
-    files (`KINDS[kind]`) and by `signature`, files several kinds share (a training state, its log)."""
+    """Declares that the folder of `dest` is written by this command (`foco.cli.rules`): the runner claims it before
+    the command runs, refusing a non-empty folder foco did not write (`foco.utils.ownership`) unless --force, and a
+    folder of another `kind` of artifact (`ownership.KINDS`) always. A folder an earlier foco wrote is recognised by
+    its kind's files (`KINDS[kind]`) and by `signature`, files several kinds share (a training state, its log)."""
+    from ..utils.ownership import KINDS
+    from .rules import Output, add_output
     if not any("--force" in a.option_strings for a in p._actions):
         p.add_argument("--force", action="store_true",
                        help="write into an output folder that holds files foco did not write (they are left as they "
                             "are; an output of the same name is replaced)")
-    from ..utils.ownership import KINDS
     signature = (*signature, *(KINDS[kind] if kind else ()))
-    flag = flag or f"--{dest.replace('_', '-')}"
-    p.set_defaults(_owned=[*(p.get_default("_owned") or []), (dest, tuple(signature), flag, kind)])
-
-
-def check_outputs(a: argparse.Namespace) -> None:
-    """Refuses, before the command writes anything, an output folder it declared (`add_owned_output`) that holds
-    files foco did not write (unless --force)."""
-    from ..utils.io import WriteError, unwritable_reason
-    from ..utils.ownership import check_folder, check_kind, is_empty_or_owned
-    a._foreign = set()
-    for dest, signature, flag, kind in getattr(a, "_owned", None) or []:
-        if getattr(a, dest, None):
-            why = unwritable_reason(getattr(a, dest))
-            if why:
-                raise WriteError(f"{flag} {getattr(a, dest)}: cannot write there ({why}); choose a writable {flag}")
-            if kind:
-                check_kind(getattr(a, dest), kind, _command(a), flag)
-            if not is_empty_or_owned(getattr(a, dest), signature):
-                a._foreign.add(dest)  # entered with --force: it stays the user's (never marked as foco's)
-            check_folder(getattr(a, dest), signature, getattr(a, "force", False), flag)
-
-
-def mark_outputs(a: argparse.Namespace) -> None:
-    """After the command (finished or stopped): marks each declared output folder it created as foco's."""
-    from ..utils.ownership import mark_folder
-    for dest, _, _, kind in getattr(a, "_owned", None) or []:
-        if dest in getattr(a, "_foreign", ()):
-            continue
-        if getattr(a, dest, None) and Path(getattr(a, dest)).is_dir():
-            try:
-                mark_folder(getattr(a, dest), _command(a), kind)
-            except OSError:
-                pass  # a read-only folder: the command has said so
-
-
-def _command(a: argparse.Namespace) -> str:
-    return " ".join(str(getattr(a, k)) for k in ("command", "action") if getattr(a, k, None))
+    add_output(p, Output(dest, kind, tuple(signature), flag or f"--{dest.replace('_', '-')}"))
 
 
 def input_record(path: str | Path | None, **extra) -> dict:
@@ -103,23 +69,6 @@ def input_record(path: str | Path | None, **extra) -> dict:
     world = world_fingerprint(p) if p.is_dir() else None
     return {"input": str(p.resolve()) if p.exists() else str(path),
             "sha256": sha256_file(p) if p.is_file() else None, **({"world": world} if world else {}), **extra}
-
-
-def check_writable(path: str | Path | None, flag: str) -> None:
-    """Fails now, not after hours of work, when the output file `path` of `flag` cannot be written."""
-    import os
-    if path is None:
-        return
-    p = Path(path)
-    if p.is_dir():
-        raise ValueError(f"{flag} {p} is a folder; give a file name, e.g. {p / 'results.json'}")
-    parent = p.parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ValueError(f"{flag} {p}: cannot create its folder ({exc})") from None
-    if not os.access(parent, os.W_OK) or (p.exists() and not os.access(p, os.W_OK)):
-        raise ValueError(f"{flag} {p} is not writable; choose another {flag}")
 
 
 def setting_list(v: str) -> list[str]:
@@ -195,7 +144,9 @@ def add_precision_arg(p: argparse.ArgumentParser) -> None:
 def add_device_arg(p: argparse.ArgumentParser) -> None:
     """--device on every command that runs a model; resolved once by `foco.utils.device.resolve_device`."""
     from ..utils.device import DEVICE_HELP
+    from .rules import plain
     p.add_argument("--device", default="auto", help=DEVICE_HELP)
+    plain(p, "device")
 
 
 UNVERIFIED_HELP = ("use a trained method's folder whose record no longer says which backbone it was trained on "

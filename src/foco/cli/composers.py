@@ -5,6 +5,7 @@ import argparse
 import json
 from pathlib import Path
 
+from .rules import declare
 from .common import (add_device_arg, add_distributed_args, add_owned_output, learning_rate, lora_alpha, loss_weight,
                      nonneg_int, positive_int, run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, check_resume, start_or_continue
@@ -133,6 +134,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-negatives", action="store_true", help="no negative captions in L_compose")
     p.add_argument("--mapper-init", default=None, help="a Pic2Word checkpoint to start the mapper from")
     p.set_defaults(func=_pact_train)
+    declare(p, reads={"features": "feature cache", "edits": "edit store", "backbone": "backbone"},
+            folders=("edit_features",),
+            values=("edit_settings", "mapper_init"))
 
     tscir = sub.add_parser("tscir", help="TSCIR: mapping, then composing on synthetic triplets").add_subparsers(
         dest="action", required=True)
@@ -149,3 +153,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--world", default=None, help="a world folder: check the retrieved targets against its scenes")
     t.add_argument("--split", default="train", help="with --world: the pairs split of --features")
     t.set_defaults(func=_tscir_train)
+    declare(t, reads={"features": "feature cache", "edits": "edit store", "backbone": "backbone", "world": "world"},
+            folders=("edit_features",),
+            values=("edit_settings", "target_threshold", "split"))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from .rules import declare
 from .common import add_commit_args, add_llm_args, chat_config, input_record, positive_int
 
 
@@ -71,8 +72,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     dc.add_argument("--max-pairs", type=positive_int, default=5, help="most pairs (LLM answers; rule keeps the first)")
     add_llm_args(dc)
     dc.set_defaults(func=_decompose)
+    declare(dc, reads={"inp": "shards or captions"}, files=("out",),
+            values=("shard", "split", "caption_column", "llm_url", "llm_model", "llm_key"))
     sub_dc = dc.add_subparsers(dest="decompose_action", required=False)
     mg = sub_dc.add_parser("merge", help="merge decomposition stores (e.g. the shards of --shard i/n)")
     mg.add_argument("--out", dest="merge_out", required=True, help="the merged store (created or extended)")
     mg.add_argument("stores", nargs="+", help="stores to merge into --out")
     mg.set_defaults(func=_merge)
+    declare(mg, reads={"stores": "stores"}, files=("merge_out",))

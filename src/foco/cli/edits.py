@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from .rules import declare
 from .common import (add_commit_args, add_llm_args, add_owned_output, chat_config, input_record, nonneg_int,
                      positive_int, seed_int)
 
@@ -95,6 +96,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_commit_args(g, "source captions")
     g.add_argument("--llm-target", action="store_true", help="llm writer: the model writes the target caption too")
     g.set_defaults(func=_generate)
+    declare(g, reads={"inp": "shards or captions", "decompositions": "decomposition store"}, files=("out",),
+            values=("split", "caption_column", "llm_url", "llm_model", "llm_key", "decomposer"))
 
     r = ed.add_parser("rewrite", help="a world benchmark with its instructions rewritten (phrasing robustness)")
     r.add_argument("--root", required=True, help="world folder")
@@ -103,6 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_owned_output(r, kind="world")
     _writer_args(r, templates="heldout")
     r.set_defaults(func=_rewrite)
+    declare(r, reads={"root": "world"}, values=("llm_url", "llm_model", "llm_key"))
 
 
 def _writer_args(p: argparse.ArgumentParser, templates: str) -> None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from .rules import declare
 from .common import (add_device_arg, add_distributed_args, add_owned_output, learning_rate, positive_int,
                      run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, start_or_continue
@@ -56,3 +57,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_distributed_args(t, sync=False)
     add_allow_changed(t)
     t.set_defaults(func=_lincir_train)
+    declare(t, reads={"world": "world", "backbone": "backbone"})

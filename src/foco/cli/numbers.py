@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import math
 
 
 def _float(v: str, ok, refusal: str) -> float:
+    from ..utils.parse import ascii_real
     try:
-        x = float(v)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{v!r} is not a number") from None
-    if not math.isfinite(x):
-        raise argparse.ArgumentTypeError(f"{v!r} is not a finite number")
+        x = ascii_real(v)  # the one number rule (`foco.utils.parse`): "1_0" is not 10, nor "nan" a number
+    except ValueError as exc:
+        what = "a finite number" if "finite" in str(exc) else "a number in ASCII decimal"
+        raise argparse.ArgumentTypeError(f"{v!r} is not {what}") from None
     if not ok(x):
         raise argparse.ArgumentTypeError(f"{v.strip()} {refusal}")  # as typed: 100.00000000001 is not "100"
     return x

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from .rules import declare
 from .common import (add_device_arg, add_distributed_args, add_owned_output, learning_rate, nonneg_int, positive_int,
                      run_context, seed_int)
 from .resume import add_allow_changed, add_resume_args, start_or_continue
@@ -58,3 +59,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_allow_changed(pt)
     add_distributed_args(pt, sync=False)
     pt.set_defaults(func=_pic2word_train)
+    declare(pt, reads={"features": "feature cache", "backbone": "backbone"})

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import time
 
+from .rules import declare
 from .common import add_owned_output, seed_int
 
 
@@ -55,3 +56,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     from .common import add_device_arg
     add_device_arg(qs)
     qs.set_defaults(func=_quickstart)
+    declare(qs)

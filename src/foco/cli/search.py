@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+from .rules import SERVED_WEIGHTS, declare
 from ..utils.parse import MAX_BOX_BETA, MAX_CHORD
 from .common import add_owned_output, add_device_arg, add_unverified_arg, flag_dest, float_in, nonneg_int, positive_int
 
@@ -101,9 +102,13 @@ def _search(a: argparse.Namespace) -> int:
     from ..search.engine import Limits, Query, SearchEngine
     engine = SearchEngine.open(a.index, limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta, device=device(a),
                                **weights(a))
-    box = tuple(float(v) for v in a.box.split(",")) if a.box else None
-    if box is not None and len(box) != 4:
-        raise ValueError(f"--box takes x0,y0,x1,y1, got {a.box!r}")
+    box = None
+    if a.box:
+        from ..utils.parse import parse_box
+        try:
+            box = parse_box(a.box)  # the server's parser too
+        except ValueError as exc:
+            raise ValueError(f"--box: {exc}") from None
     answer = engine.search(Query(text=a.text, reference=_parse_reference(a.reference), method=a.method, k=a.k,
                                  box=box, chord=a.chord, keep_reference=a.keep_reference))
     if a.json:
@@ -170,6 +175,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--batch-size", type=positive_int, default=64, help="images per encoder call")
     add_device_arg(b)
     b.set_defaults(func=_index_build)
+    declare(b,
+            reads={"images": "images", "inp": "shards or captions", "features": "feature cache",
+                   "backbone": "backbone"},
+            values=("index_type",))
     u = ix.add_parser("update", help="add new files, drop deleted ones, re-encode changed ones")
     u.add_argument("index", help="index folder (foco index build --out)")
     u.add_argument("--retrain", action="store_true",
@@ -179,6 +188,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     u.add_argument("--workers", type=nonneg_int, default=2, help=WORKERS_HELP)
     add_device_arg(u)
     u.set_defaults(func=_index_update)
+    declare(u, reads={"index": "search index"}, into=("index",))
 
     _register_search(sub)
 
@@ -200,3 +210,6 @@ def _register_search(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--json", action="store_true", help="print JSON lines {id, path, score} instead of a table")
     method_args(s)
     s.set_defaults(func=_search)
+    declare(s,
+            reads={"index": "search index", "reference": "image", **SERVED_WEIGHTS},
+            values=("text", "method", "box"))

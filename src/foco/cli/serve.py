@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from .rules import SERVED_WEIGHTS, declare
 from .common import float_in, positive_int
 from .search import device, method_args, weights
 
@@ -78,4 +79,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help=f"how long the first query of a batch waits for others, in milliseconds (0-{MAX_WAIT_MS:g})")
     method_args(v)
     v.set_defaults(func=_serve)
+    declare(v,
+            reads={"index": "search index", **SERVED_WEIGHTS},
+            values=("host",))
 

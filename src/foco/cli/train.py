@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 
+from .rules import declare
 from .common import (add_decomposition_args, add_device_arg, add_distributed_args, add_owned_output,
                      add_precision_arg, learning_rate, loss_weight, nonneg_int, positive_int, seed_int)
 from .resume import add_allow_changed, add_resume_args
@@ -134,9 +135,14 @@ def _register_features(sub: argparse._SubParsersAction) -> None:
     add_device_arg(x)
     add_decomposition_args(x)
     x.set_defaults(func=_features_extract)
+    declare(x,
+            reads={"backbone": "backbone", "world": "world", "inp": "shards or captions",
+                   "decompositions": "decomposition store"},
+            values=("split", "decomposer"))
     v = feats.add_parser("verify", help="check every shard of a cache against its recorded sha256")
     v.add_argument("--cache", required=True, help="a feature cache folder (foco features extract --out)")
     v.set_defaults(func=_features_verify)
+    declare(v, reads={"cache": "feature cache"})
 
 
 def _register_train(sub: argparse._SubParsersAction) -> None:
@@ -190,6 +196,11 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     add_allow_changed(tr)
     _add_edit_args(tr)
     tr.set_defaults(func=_train)
+    declare(tr,
+            reads={"features": "feature cache", "world": "world", "inp": "shards or captions", "backbone": "backbone",
+                   "decompositions": "decomposition store", "edits": "edit store"},
+            folders=("edit_features",),
+            values=("split", "decomposer", "compile", "edit_settings", "target_threshold"))
 
 
 def _add_loss_and_lever_args(tr: argparse.ArgumentParser) -> None:

@@ -6,6 +6,7 @@ import json
 import time
 from pathlib import Path
 
+from .rules import declare
 from .common import add_owned_output, positive_int, seed_int, unit_float
 
 MAX_SPLIT_PAIRS = 1_000_000  # pairs per split: ids have six digits, and a million rendered images is about 5 GB (5 KB each)
@@ -134,25 +135,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--exhaustive-captions", action="store_true",
                    help="every training caption names every object and the background (default: some are partial)")
     g.set_defaults(func=_generate)
-    am = world.add_parser("ambiguous", help="the ambiguous-reference variant (two same-kind objects, a box)")
-    am.add_argument("--world", required=True, help="world folder (foco world generate --out)")
-    am.add_argument("--split", default="test", choices=["val", "test"], help="benchmark split of the ambiguous variant")
-    am.add_argument("--queries", type=positive_int, default=None, help="how many queries to write")
-    am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
-    add_owned_output(am, kind="world")
-    am.set_defaults(func=_ambiguous)
-    oa = world.add_parser("oacir", help="the OACIR protocol: marked shape instances, a box that anchors one, and a "
-                                        "text that changes its context")
-    oa.add_argument("--world", required=True, help="world folder (foco world generate --out)")
-    oa.add_argument("--splits", default="train,val,test",
-                    help="splits to write, comma-separated, from train, val, test (default all three)")
-    oa.add_argument("--queries", type=positive_int, default=None,
-                    help="queries per split (default: the world's val_single / test_single, train 4 x test_single)")
-    oa.add_argument("--out", default=None, help="root to write under (default: the world folder)")
-    oa.set_defaults(func=_oacir)
-    v = world.add_parser("verify", help="check every manifest and image of a world folder")
-    v.add_argument("world")
-    v.set_defaults(func=_verify)
+    declare(g, reads={"stamps": "images"})
+    _register_variants(world)
     _register_protocols(world)
     ex = world.add_parser("export", help="write a world benchmark in an official layout (CIRR, CIRCO, ...), or its "
                                          "pairs as webdataset shards")
@@ -171,6 +155,34 @@ def register(sub: argparse._SubParsersAction) -> None:
     ex.add_argument("--out", required=True, help="output folder")
     add_owned_output(ex, kind="world export")
     ex.set_defaults(func=_export)
+    declare(ex, reads={"world": "world"})
+
+
+def _register_variants(world: argparse._SubParsersAction) -> None:
+    """`foco world ambiguous`, `foco world oacir` and `foco world verify`."""
+    am = world.add_parser("ambiguous", help="the ambiguous-reference variant (two same-kind objects, a box)")
+    am.add_argument("--world", required=True, help="world folder (foco world generate --out)")
+    am.add_argument("--split", default="test", choices=["val", "test"], help="benchmark split of the ambiguous variant")
+    am.add_argument("--queries", type=positive_int, default=None, help="how many queries to write")
+    am.add_argument("--out", default=None, help="root to write under (default: the world folder)")
+    add_owned_output(am, kind="world")
+    am.set_defaults(func=_ambiguous)
+    declare(am, reads={"world": "world"}, into=("world",))
+    oa = world.add_parser("oacir", help="the OACIR protocol: marked shape instances, a box that anchors one, and a "
+                                        "text that changes its context")
+    oa.add_argument("--world", required=True, help="world folder (foco world generate --out)")
+    oa.add_argument("--splits", default="train,val,test",
+                    help="splits to write, comma-separated, from train, val, test (default all three)")
+    oa.add_argument("--queries", type=positive_int, default=None,
+                    help="queries per split (default: the world's val_single / test_single, train 4 x test_single)")
+    oa.add_argument("--out", default=None, help="root to write under (default: the world folder)")
+    add_owned_output(oa, kind="world")
+    oa.set_defaults(func=_oacir)
+    declare(oa, reads={"world": "world"}, into=("world",), values=("splits",))
+    v = world.add_parser("verify", help="check every manifest and image of a world folder")
+    v.add_argument("world")
+    v.set_defaults(func=_verify)
+    declare(v, reads={"world": "world"})
 
 
 def _register_protocols(world: argparse._SubParsersAction) -> None:
@@ -187,6 +199,7 @@ def _register_protocols(world: argparse._SubParsersAction) -> None:
                    help="replace a described protocol made at another share, and write beside (or over) files in "
                         "benchmarks/SPLIT/described that foco did not write")
     d.set_defaults(func=_describe)
+    declare(d, reads={"world": "world"}, into=("world",), values=("split",))
     r = world.add_parser("restage", help="the restaged protocol: described's queries over a gallery in which every "
                                          "image is another picture of its scene (as CIRR's targets are other photos)")
     r.add_argument("--world", required=True, help="world folder (foco world generate --out); written into")
@@ -202,3 +215,4 @@ def _register_protocols(world: argparse._SubParsersAction) -> None:
                    help="replace a restaged protocol made at another strength or share, and write beside (or over) "
                         "files in benchmarks/SPLIT/restaged that foco did not write")
     r.set_defaults(func=_restage)
+    declare(r, reads={"world": "world"}, into=("world",), values=("split",))

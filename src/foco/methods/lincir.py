@@ -33,7 +33,7 @@ from ..backbones.pseudo import PseudoTokenBackbone
 from ..model.encoder import ComposedQuery
 from ..utils.io import atomic_write_bytes, atomic_write_text
 from .base import MethodOption, MethodOptions, QueryBatch, QueryMethod, require, require_backbone
-from .pic2word import mapper_input, resolve_template
+from .pic2word import mapper_input, resolve_template, template_slots
 
 WEIGHTS, CONFIG = "lincir.safetensors", "lincir.json"
 
@@ -125,5 +125,6 @@ class LinCIRMethod(QueryMethod):
             raise ValueError(f"{reference_raw.shape[0]} references for {len(modifications)} modifications")
         tokens = self.phi(reference_raw.float())  # (B, E)
         text = backbone.encode_texts_with_tokens([self.template.format(m) for m in modifications], tokens,
-                                                 self.phi.cfg.placeholder)
+                                                 self.phi.cfg.placeholder,
+                                                 keep=template_slots(self.template, self.phi.cfg.placeholder))
         return ComposedQuery(query=text.global_, attention=None, v_loc=None)

@@ -57,13 +57,36 @@ def mapper_input(image: torch.Tensor, norm: torch.Tensor | None, kind: str, wher
 
 
 def resolve_template(template: str, placeholder: str = "*") -> str:
-    """A template's text: a name of `TEMPLATES`, or a literal with `{}` (the modification) and a free-standing
-    `placeholder`. Anything else is refused, naming the names and the flag."""
+    """A template's text: a name of `TEMPLATES`, or a literal with one `{}` (the modification; `{{` and `}}` are
+    literal braces) and a free-standing `placeholder`. Anything else is refused, naming the names and the flag.
+    The one parser of a query template (evaluation, search and serving build the method through it)."""
+    import string
     text = TEMPLATES.get(template, template)
-    if "{}" not in text or placeholder not in text.split():
+    why = None
+    try:
+        fields = [(name, spec, conv) for _, name, spec, conv in string.Formatter().parse(text) if name is not None]
+    except ValueError as exc:  # an unmatched brace
+        fields, why = [], str(exc)
+    if why is None and (len(fields) != 1 or fields[0] != ("", "", None)):
+        why = f"it holds {len(fields)} fields {[f'{{{n}}}' for n, _, _ in fields]}, not one empty {{}}"
+    if why is None and placeholder not in template_prefix_and_suffix(text).split():
+        why = f"no free-standing {placeholder!r} outside {{}}"
+    if why is not None:
         raise ValueError(f"--pic2word-template {template!r} is neither a template name ({', '.join(TEMPLATES)}) nor "
-                         f"a text with '{{}}' and a free-standing {placeholder!r}")
+                         f"a text with one '{{}}' and a free-standing {placeholder!r} ({why})")
     return text
+
+
+def template_prefix_and_suffix(text: str) -> str:
+    prefix, _, suffix = text.partition("{}")
+    return f"{prefix} {suffix}"
+
+
+def template_slots(template: str, placeholder: str = "*") -> tuple[int, int]:
+    """(first, last): the template's placeholders before and after its `{}`, the only slots of the pseudo word in
+    a query (`foco.backbones.pseudo.placeholder_slots`): a `*` the user typed stays a `*`."""
+    prefix, _, suffix = template.partition("{}")
+    return prefix.split().count(placeholder), suffix.split().count(placeholder)
 
 
 @dataclass
@@ -189,5 +212,6 @@ class Pic2WordMethod(QueryMethod):
         if reference_global.shape[0] != len(modifications):
             raise ValueError(f"{reference_global.shape[0]} references for {len(modifications)} modifications")
         tokens = self.mapper(reference_global.float())  # (B, E)
-        text = backbone.encode_texts_with_tokens(self.prompts(modifications), tokens, self.mapper.cfg.placeholder)
+        text = backbone.encode_texts_with_tokens(self.prompts(modifications), tokens, self.mapper.cfg.placeholder,
+                                                 keep=template_slots(self.template, self.mapper.cfg.placeholder))
         return ComposedQuery(query=text.global_, attention=None, v_loc=None)

@@ -261,14 +261,13 @@ def decode_upload(data: bytes, limits: ServeLimits) -> Image.Image:
 
 
 def parse_box(box) -> tuple[float, float, float, float] | None:
+    """The form field `box`, through the one box parser (`foco.utils.parse.parse_box`, as `foco search --box`)."""
+    from ..utils.parse import parse_box as parse
     if box is not None and not isinstance(box, str):
         raise QueryError("box must be a form field x0,y0,x1,y1, not a file")
     if box is None or not box.strip():
         return None
     try:
-        vals = [float(v) for v in box.split(",")]
-    except ValueError:
-        raise QueryError(f"box must be four numbers x0,y0,x1,y1, got {box!r}") from None
-    if len(vals) != 4 or not all(np.isfinite(vals)):
-        raise QueryError(f"box must be four finite numbers x0,y0,x1,y1, got {box!r}")
-    return tuple(vals)  # type: ignore[return-value]
+        return parse(box)
+    except ValueError as exc:
+        raise QueryError(f"box: {exc}") from None

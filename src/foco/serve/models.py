@@ -47,6 +47,12 @@ def _ascii_int(value: Any) -> int:
 def _finite(value: Any) -> float:
     if isinstance(value, bool):
         raise ValueError("must be a number, not a boolean")
+    if isinstance(value, str):  # a form field: the one number rule (`foco.utils.parse`), as on the command line
+        from ..utils.parse import ascii_real
+        try:
+            return ascii_real(value)
+        except ValueError as exc:
+            raise ValueError(f"must be a finite number in ASCII decimal: {exc}") from None
     try:
         x = float(value)
     except (TypeError, ValueError):

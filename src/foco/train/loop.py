@@ -135,16 +135,14 @@ def refuse_overwrite(out: Path, resume: bool, hint: str) -> None:
 
 
 def clear_run(out: str | Path) -> list[str]:
-    """Starts a run over (every training command's `--restart`): removes everything in `out` but its owner file
-    (`foco.utils.ownership`: foco wrote the folder), so that no state, log or weights of the old run remain.
-    Returns the names removed."""
+    """Starts a run over (every training command's `--restart`): removes what a trainer writes into `out`
+    (`foco.utils.ownership.RUN_OUTPUTS`: its state, logs and weights), so that nothing of the old run remains, and
+    nothing else: the owner file, a user's files (a folder entered with --force) and anything foco does not write
+    stay. Returns the names removed."""
     import shutil
-    from ..utils.ownership import MARKER
-    out = Path(out)
+    from ..utils.ownership import removable
     removed = []
-    for entry in sorted(out.iterdir()) if out.is_dir() else []:
-        if entry.name == MARKER:
-            continue
+    for entry in removable(out):
         shutil.rmtree(entry) if entry.is_dir() and not entry.is_symlink() else entry.unlink()
         removed.append(entry.name)
     return removed

@@ -73,11 +73,14 @@ class _Cache(_Features):
         return FeatureCache(self.features).manifest["backbone"]
 
     def provenance(self) -> dict:
-        """{"backbone": {"spec", "weights_sha256"}, "features": {"path", "fingerprint"}}."""
+        """{"backbone": {"spec", "weights_sha256"}, "features": {"path", "fingerprint", "source"}} ("source": the
+        world's fingerprint and split the cache records, which evaluation keeps apart from the trained split)."""
         from ..features import FeatureCache, cache_fingerprint
         fc = FeatureCache(self.features)
+        source = fc.manifest.get("source")  # the world and split a model trained on them saw
         return {"backbone": fc.backbone, "features": {"path": str(Path(self.features).resolve()),
-                                                      "fingerprint": cache_fingerprint(fc.manifest)}}
+                                                      "fingerprint": cache_fingerprint(fc.manifest),
+                                                      **({"source": source} if isinstance(source, dict) else {})}}
 
 
 @dataclass(frozen=True)

@@ -42,6 +42,14 @@ KINDS: dict[str, tuple[str, ...]] = {
 }
 
 
+# What a training command writes into its --out (every trainer's kind): all that `--restart` may remove. A trainer
+# that writes another name must list it here (tests/test_command_rules.py checks every trainer's folder).
+RUN_OUTPUTS = ("train_state", "train_log.jsonl", "train_steps.jsonl", "loss_curve.png", "val_curve.jsonl",
+               "edit-features", "targets_check.json", "foco.json", "foco.safetensors", "pic2word.json",
+               "pic2word.safetensors", "lincir.json", "lincir.safetensors", "composer.json", "composer.safetensors",
+               "mapper.safetensors", "text.safetensors", "adafocal.json", "model.safetensors", "config.json",
+               "metrics.json", "cache", ".*.tmp")
+
 CONTAINERS = ("quickstart run", "ablation run")  # kinds whose folders hold other artifacts (a world, caches, ...)
 
 
@@ -166,6 +174,46 @@ def check_folder(folder: str | Path, signature: Iterable[str] = (), force: bool 
                                   f"{flag}, or pass --force to write foco's outputs beside them (nothing else in "
                                   "it is touched)")
     return folder
+
+
+def enter_foreign(folder: str | Path) -> None:
+    """Records, in a user's `folder` entered with --force, the names it held before foco wrote there: they stay the
+    user's (the owner file names no command, so the folder is never taken for foco's), and `removable` never lists
+    them."""
+    folder = Path(folder)
+    meta = _read(folder)
+    if meta.get("command"):
+        return
+    held = {p.name for p in folder.iterdir() if p.name != MARKER} if folder.is_dir() else set()
+    _write(folder, {"owner": "user", "files": meta.get("files", []), **meta,
+                    "user_files": sorted(set(meta.get("user_files", [])) | (held - set(meta.get("files", []))))})
+
+
+def removable(folder: str | Path, patterns: Iterable[str] = RUN_OUTPUTS) -> list[Path]:
+    """What a restart may remove from `folder`: the entries named by `patterns` (what a trainer writes), never the
+    owner file nor a file the user held there before foco entered it with --force."""
+    from fnmatch import fnmatch
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    users = set(_read(folder).get("user_files", []))
+    return [p for p in sorted(folder.iterdir()) if p.name != MARKER and p.name not in users
+            and any(fnmatch(p.name, pat) for pat in patterns)]
+
+
+def record_inputs(folder: str | Path, inputs: dict) -> None:
+    """Records in `folder`'s owner file what its artifact was made from ({flag: {"world": fingerprint, ...}}), so
+    that a rerun reading other inputs is refused (`foco.cli.rules`)."""
+    folder = Path(folder)
+    meta = _read(folder)
+    if meta:
+        _write(folder, {**meta, "inputs": inputs})
+
+
+def recorded_inputs(folder: str | Path) -> dict:
+    """What `record_inputs` recorded ({} for a folder an older foco wrote)."""
+    got = _read(Path(folder)).get("inputs")
+    return got if isinstance(got, dict) else {}
 
 
 def check_outputs(folder: str | Path, outputs: Iterable[str | Path], force: bool = False,

@@ -21,6 +21,7 @@ MAX_LORA_ALPHA = 1e4  # LoRA's alpha (its update is scaled by alpha / rank)
 MAX_SEED = 2 ** 32 - 1  # a training or generation seed: numpy's and torch's generators take it as it is
 INT64 = (-2 ** 63, 2 ** 63 - 1)
 _INT = re.compile(r"[+-]?[0-9]+")
+_REAL = re.compile(r"[+-]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][+-]?[0-9]+)?")
 
 
 def ascii_integer(value: object, lo: int = INT64[0], hi: int = INT64[1]) -> int:
@@ -40,9 +41,48 @@ def number_or_word(value: str, word: str, flag: str, lo: float = -math.inf, hi: 
         return value
     bounds = "" if (lo, hi) == (-math.inf, math.inf) else f" in [{lo:g}, {hi:g}]"
     try:
-        x = float(value)
+        x = ascii_real(value)
     except (TypeError, ValueError):
         x = math.nan
     if not math.isfinite(x) or not lo <= x <= hi:
         raise ValueError(f"{flag}: expected a finite number{bounds} or {word!r}, got {value!r}")
     return x
+
+
+def ascii_real(value: object, lo: float = -math.inf, hi: float = math.inf) -> float:
+    """A real number written in ASCII decimal ("0.5", "-3", "1e-4"; never "1_0", "0x1", "nan", "inf" or Unicode
+    digits), finite and within [lo, hi]; a ValueError saying what was expected otherwise (the caller names the flag
+    or field). Surrounding spaces are allowed."""
+    text = str(value).strip()
+    if not _REAL.fullmatch(text):
+        try:
+            x = float(text)
+        except ValueError:
+            x = None
+        if x is not None and not math.isfinite(x):
+            raise ValueError(f"expected a finite number, got {value!r}")
+        raise ValueError(f"expected a number in ASCII decimal (e.g. 0.5, 12, 1e-3), got {value!r}")
+    x = float(text)
+    if not math.isfinite(x):
+        raise ValueError(f"expected a finite number, got {value!r}")
+    if not lo <= x <= hi:
+        raise ValueError(f"expected a number in [{lo:g}, {hi:g}], got {value!r}")
+    return x
+
+
+def parse_box(value: object) -> tuple[float, float, float, float]:
+    """A box "x0,y0,x1,y1" in pixels of an image: four ASCII decimals (`ascii_real`), x0 < x1 and y0 < y1, none
+    negative. The one parser of a box, on the command line and the server alike; a ValueError saying what is wrong
+    otherwise (the caller names the flag or field)."""
+    if not isinstance(value, str):
+        raise ValueError(f"expected x0,y0,x1,y1 as text, got {type(value).__name__}")
+    parts = value.split(",")
+    if len(parts) != 4:
+        raise ValueError(f"expected four numbers x0,y0,x1,y1, got {len(parts)} in {value!r}")
+    try:
+        x0, y0, x1, y1 = (ascii_real(v, 0.0, 1e6) for v in parts)
+    except ValueError as exc:
+        raise ValueError(f"expected four numbers x0,y0,x1,y1 in pixels (0 to 1e6), got {value!r}: {exc}") from None
+    if not (x0 < x1 and y0 < y1):
+        raise ValueError(f"expected x0 < x1 and y0 < y1, got {value!r}")
+    return x0, y0, x1, y1

@@ -1,0 +1,204 @@
+"""Every command under one set of rules (issue 55): each declares what it reads and writes (`foco.cli.rules`), one
+runner applies them, and this file walks every subcommand of the parser, so that a command added without rules
+breaks the suite."""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+
+from foco.cli import build_parser, main
+from foco.cli.rules import commands, declare, enforce, problems
+from foco.utils.ownership import MARKER, RUN_OUTPUTS
+
+
+def _fails(argv, capsys, *needles) -> str:
+    code = main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    for n in needles:
+        assert n in err, err
+    return err
+
+
+def test_every_command_of_the_parser_declares_its_rules():
+    found = list(commands(build_parser()))
+    assert len(found) >= 28  # the walk reaches every leaf, and `foco decompose`, which runs on its own
+    assert ("decompose",) in [path for path, _ in found] and ("world", "oacir") in [path for path, _ in found]
+    assert problems(build_parser()) == []
+
+
+def test_a_command_added_without_rules_breaks_the_walk():
+    p = build_parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    new = sub.add_parser("new-command")
+    new.add_argument("--out")
+    assert problems(p) == ["`foco new-command` declares no rules (foco.cli.rules.declare)"]
+    declare(new, reads={})
+    assert problems(p) == ["`foco new-command` does not declare --out: read (and of what kind), written, or a value"]
+    new.add_argument("--world")
+    declare(new, reads={"world": "world"}, files=("out",))
+    assert problems(p) == []
+    with pytest.raises(RuntimeError, match="declares no rules"):
+        enforce(argparse.Namespace(command="new-command", func=lambda a: 0))
+
+
+def test_a_declaration_of_an_unknown_kind_or_a_missing_flag_is_caught():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("c")
+    with pytest.raises(ValueError, match="unknown read kinds"):
+        declare(c, reads={"world": "a world"})
+    declare(c, reads={"world": "world"})
+    assert problems(p) == ["`foco c` declares 'world', which it has no flag for"]
+
+
+def _user_folder(path: Path, *names: str) -> Path:
+    path.mkdir(parents=True)
+    for name in names or ("notes.txt",):
+        (path / name).write_text("the user's own file\n")
+    return path
+
+
+def test_world_oacir_never_writes_into_a_users_folder(tiny_world, tmp_path, capsys):
+    out = _user_folder(tmp_path / "mine", "queries.jsonl")
+    _fails(["world", "oacir", "--world", tiny_world, "--out", out, "--splits", "test"], capsys,
+           "--out", "foco did not write", "queries.jsonl", "--force")
+    assert (out / "queries.jsonl").read_text() == "the user's own file\n" and not (out / MARKER).exists()
+
+
+def test_an_oacir_protocol_is_never_written_into_another_worlds_folder(tiny_world, small_world, tmp_path, capsys):
+    other = tmp_path / "other"
+    other.mkdir()
+    shutil.copy(small_world / "world.json", other / "world.json")
+    before = sorted(p.name for p in other.iterdir())
+    _fails(["world", "oacir", "--world", tiny_world, "--out", other, "--splits", "test"], capsys,
+           "--out", str(other), "made from world", "--world")
+    assert sorted(p.name for p in other.iterdir()) == before
+
+
+def test_the_owner_file_comes_before_the_first_file_so_a_killed_run_resumes(tiny_world, tmp_path, monkeypatch):
+    import foco.benchmarks.export as export
+    out = tmp_path / "export"
+    argv = ["world", "export", "--world", str(tiny_world), "--format", "cirr", "--out", str(out)]
+    written = export._Plan.run
+
+    def killed(plan):  # the process dies after its first file: no handler, no `finally` runs
+        path, data = plan.json[0]
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("[")
+        raise RuntimeError("killed")
+    monkeypatch.setattr(export._Plan, "run", killed)
+    args = build_parser().parse_args(argv)
+    enforce(args)  # what main does before the command
+    with pytest.raises(RuntimeError, match="killed"):
+        args.func(args)
+    assert json.loads((out / MARKER).read_text())["kind"] == "world export"
+    monkeypatch.setattr(export._Plan, "run", written)
+    assert main(argv) == 0
+    assert all(json.loads(p.read_text()) for p in out.rglob("*.json"))  # the torn file rewritten whole
+
+
+def test_a_refused_command_leaves_no_folder_behind(tiny_world, tmp_path, capsys):
+    out = tmp_path / "never"
+    _fails(["world", "export", "--world", tmp_path / "no-world", "--format", "cirr", "--out", out], capsys)
+    assert not out.exists()
+
+
+def test_pact_and_tscir_refuse_an_edit_store_written_from_another_world(train_features, tiny_world, tmp_path,
+                                                                         capsys):
+    from foco.edits.rule import RuleWriter
+    from foco.edits.run import GenerateConfig, run_generate
+    from foco.edits.store import EditStore
+    store = tmp_path / "e.sqlite"
+    run_generate([], RuleWriter(), store, GenerateConfig(per_caption=1))
+    with EditStore(store) as s:
+        sid = next(iter(s.settings()))
+        s.record_run(sid, {"world": "0123456789abcdef"})
+    for command in (["pact", "train"], ["tscir", "train"]):
+        _fails([*command, "--features", train_features, "--edits", store, "--out", tmp_path / command[0]], capsys,
+               "--features", "--edits", str(store), "0123456789abcdef", "world")
+        assert not (tmp_path / command[0]).exists()
+
+
+def test_a_run_is_never_continued_on_another_worlds_data(tiny_world, small_world, tmp_path, capsys):
+    out = tmp_path / "lincir"
+    enforce(build_parser().parse_args(["lincir", "train", "--world", str(tiny_world), "--backbone", "world:vit",
+                                       "--out", str(out)]))
+    (out / "train_state").mkdir()  # the first run was stopped here
+    err = _fails(["lincir", "train", "--world", small_world, "--backbone", "world:vit", "--out", out], capsys,
+                 "--out", str(out), "made from world", "--world", "--restart")
+    assert "mix two worlds" in err and (out / "train_state").is_dir()
+
+
+def test_a_features_folder_that_mixes_worlds_is_refused(tiny_world, eval_features, small_world, tmp_path, capsys):
+    feats = tmp_path / "feats"
+    shutil.copytree(eval_features, feats)
+    manifest = feats / "test-multi" / "manifest.json"
+    meta = json.loads(manifest.read_text())
+    manifest.write_text(json.dumps({**meta, "source": {**meta["source"], "world": "fedcba9876543210"}}))
+    _fails(["eval", "--benchmark", "world", "--root", tiny_world, "--split", "test", "--features", feats,
+            "--methods", "image"], capsys, "--features", "mixes", "test-multi", "fedcba9876543210")
+
+
+def _weights_trained_on(path: Path, world: str, split: str) -> Path:
+    path.mkdir()
+    (path / "adafocal.json").write_text(json.dumps({"provenance": {"features": {
+        "path": "x", "fingerprint": "y", "source": {"world": world, "split": split}}}}))
+    return path
+
+
+def test_weights_are_never_evaluated_on_the_split_they_were_trained_on(tiny_world, eval_features, tmp_path,
+                                                                        capsys):
+    from foco.world.generate import world_fingerprint
+    fp = world_fingerprint(tiny_world)
+    weights = _weights_trained_on(tmp_path / "ada", fp, "test/oacir")
+    _fails(["eval", "--benchmark", "world", "--root", tiny_world, "--split", "test", "--features", eval_features,
+            "--methods", "adafocal", "--adafocal", weights], capsys,
+           "--adafocal", str(weights), "test/oacir", "--split test")
+    # the same weights on the other split, or trained on another world's test, pass this rule
+    from foco.cli.provenance import check_split_apart, inputs_of
+    args = build_parser().parse_args(["eval", "--benchmark", "world", "--root", str(tiny_world), "--split", "val",
+                                      "--methods", "adafocal", "--adafocal", str(weights)])
+    check_split_apart(args, args._rules, inputs_of(args, args._rules))
+    other = _weights_trained_on(tmp_path / "ada2", "0" * 16, "test/oacir")
+    args = build_parser().parse_args(["eval", "--benchmark", "world", "--root", str(tiny_world), "--split", "test",
+                                      "--methods", "adafocal", "--adafocal", str(other)])
+    check_split_apart(args, args._rules, inputs_of(args, args._rules))
+
+
+def test_restart_removes_only_what_the_trainer_wrote(tmp_path):
+    from foco.train.loop import clear_run
+    from foco.utils.ownership import enter_foreign
+    out = _user_folder(tmp_path / "mine", "notes.txt", "foco.json")  # the user's, though named as foco's
+    enter_foreign(out)
+    (out / "train_state").mkdir()
+    (out / "train_log.jsonl").write_text("{}\n")
+    (out / "pic2word.safetensors").write_text("x")
+    (out / "later.txt").write_text("the user's, added after foco entered\n")
+    assert sorted(clear_run(out)) == ["pic2word.safetensors", "train_log.jsonl", "train_state"]
+    assert sorted(p.name for p in out.iterdir()) == sorted([MARKER, "foco.json", "later.txt", "notes.txt"])
+
+
+def test_a_trainer_restarted_in_a_users_folder_keeps_the_users_files(train_features, tmp_path, capsys):
+    out = _user_folder(tmp_path / "mine", "notes.txt")
+    argv = ["pic2word", "train", "--features", train_features, "--epochs", "1", "--batch-size", "256",
+            "--out", out, "--force", "--device", "cpu"]
+    assert main([str(a) for a in argv]) == 0
+    assert main([str(a) for a in argv + ["--restart"]]) == 0
+    assert (out / "notes.txt").read_text() == "the user's own file\n" and (out / "pic2word.json").is_file()
+    assert "removed" in capsys.readouterr().err
+
+
+def test_every_trainer_writes_only_what_a_restart_may_remove(trainer_runs):
+    seen = 0
+    for run in sorted(p for p in trainer_runs.iterdir() if p.is_dir() and (p / MARKER).exists()):
+        for entry in run.iterdir():
+            if entry.name != MARKER:
+                assert any(fnmatch(entry.name, pat) for pat in RUN_OUTPUTS), (run.name, entry.name)
+        seen += 1
+    assert seen >= 7
