@@ -202,3 +202,40 @@ def test_every_trainer_writes_only_what_a_restart_may_remove(trainer_runs):
                 assert any(fnmatch(entry.name, pat) for pat in RUN_OUTPUTS), (run.name, entry.name)
         seen += 1
     assert seen >= 7
+
+
+@pytest.fixture(scope="module")
+def half_shard(tiny_world, tmp_path_factory):
+    """The tiny world's training pairs as 3 webdataset shards, the second cut to half its bytes."""
+    out = tmp_path_factory.mktemp("cut") / "shards"
+    assert main(["world", "export", "--world", str(tiny_world), "--format", "webdataset", "--split", "train",
+                 "--out", str(out), "--shard-size", "250"]) == 0
+    cut = out / "00001.tar"
+    data = cut.read_bytes()
+    cut.write_bytes(data[:len(data) // 2])
+    return str(out / "{00000..00002}.tar"), cut
+
+
+@pytest.mark.parametrize("cut_at", ["half", "a header"])
+def test_a_truncated_shard_is_an_error_naming_the_shard_and_the_byte_offset(half_shard, cut_at, tmp_path):
+    from foco.corpora.loader import index_tar
+    from foco.corpora.webdataset import iter_shard
+    _, cut = half_shard
+    shard = cut
+    if cut_at == "a header":  # cut exactly between two members: tarfile reads it as a shorter, whole archive
+        shard = tmp_path / "00001.tar"
+        whole = index_tar(half_shard[1].parent / "00000.tar")
+        end = whole[100].image.offset - 512  # the header of sample 100's image
+        shard.write_bytes((half_shard[1].parent / "00000.tar").read_bytes()[:end])
+    for read in (index_tar, lambda p: list(iter_shard(p, with_images=False))):
+        with pytest.raises(Exception, match=r"00001\.tar.*(cut short|damaged).*byte offset \d+"):
+            read(shard)
+
+
+def test_features_extract_and_index_build_refuse_a_truncated_shard(half_shard, tmp_path, capsys):
+    pattern, cut = half_shard
+    _fails(["features", "extract", "--backbone", "world:pretrained", "--in", pattern, "--out", tmp_path / "f"],
+           capsys, str(cut), "byte offset")
+    _fails(["index", "build", "--in", pattern, "--backbone", "world:pretrained", "--out", tmp_path / "i"], capsys,
+           str(cut), "byte offset")
+    assert not (tmp_path / "i" / "index.json").exists()

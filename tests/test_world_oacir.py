@@ -167,3 +167,58 @@ def test_oacir_from_the_command_line_world_to_adafocal_to_eval(tiny_world, tmp_p
         assert methods[m]["R@1"] <= methods[m]["R@5"] and methods[m]["R@1"] <= methods[m]["R_ID@1"]
         assert abs(methods[m]["Avg"] - (methods[m]["R_ID@1"] + methods[m]["R@1"] + methods[m]["R@5"]) / 3) < 1e-9
     assert "| R_ID@1 | R@1 | R@5 | Avg |" in capsys.readouterr().out
+
+
+def test_a_rerun_with_another_count_keeps_no_image_of_the_old_plan(world, tmp_path):
+    out = tmp_path / "o"
+    assert main(["world", "oacir", "--world", str(world), "--queries", "6", "--splits", "test", "--out", str(out)]) == 0
+    assert main(["world", "oacir", "--world", str(world), "--queries", "4", "--splits", "test", "--out", str(out)]) == 0
+    import json
+    from foco.utils.io import sha256_file
+    base = out / "benchmarks" / "test" / "oacir"
+    record = json.loads((base / "oacir.json").read_text())
+    gallery = read_jsonl(base / "gallery.jsonl")
+    assert {g["image"] for g in gallery} == set(record["images_sha256"])
+    assert all(sha256_file(out / rel) == digest for rel, digest in record["images_sha256"].items())
+    on_disk = {p.relative_to(out).as_posix() for p in (base / "images").rglob("*.png")}
+    assert on_disk == set(record["images_sha256"])  # nothing drawn for the first plan is left
+
+
+def _copy_with_images(world, tmp_path):
+    import shutil
+    copy = tmp_path / "w"
+    shutil.copytree(world, copy)
+    return copy
+
+
+def test_a_swapped_oacir_image_is_refused_by_verify_and_by_extraction(world, tmp_path, capsys):
+    copy = _copy_with_images(world, tmp_path)
+    gallery = read_jsonl(copy / "benchmarks" / "test" / "oacir" / "gallery.jsonl")
+    a, b = copy / gallery[0]["image"], copy / gallery[1]["image"]
+    data_a, data_b = a.read_bytes(), b.read_bytes()
+    a.write_bytes(data_b)
+    b.write_bytes(data_a)
+    assert main(["world", "verify", str(copy)]) == 2
+    err = capsys.readouterr().err
+    assert gallery[0]["image"].split("/")[-1] in err and "oacir.json" in err
+    assert main(["features", "extract", "--backbone", "world:vit", "--world", str(copy), "--split", "test/oacir",
+                 "--out", str(tmp_path / "f")]) == 2
+    assert "oacir.json" in capsys.readouterr().err
+
+
+def test_an_edited_oacir_record_field_is_refused(world, tmp_path, capsys):
+    import json
+    import shutil
+    copy = tmp_path / "w"
+    shutil.copytree(world, copy, ignore=shutil.ignore_patterns("*.png"))
+    path = copy / "benchmarks" / "val" / "oacir" / "oacir.json"
+    record = json.loads(path.read_text())
+    path.write_text(json.dumps({**record, "image_size": record["image_size"] * 2}))
+    with pytest.raises(ValueError, match="record_sha256"):
+        load_benchmark(copy, "val", "oacir")
+
+
+def test_verify_reads_every_oacir_protocol_of_a_world(world, capsys):
+    assert main(["world", "verify", str(world)]) == 0
+    out = capsys.readouterr().out
+    assert all(f"{s}/oacir" in out for s in ("train", "val", "test")), out

@@ -43,7 +43,8 @@ class TarMember:
             f.seek(self.offset)
             data = f.read(self.size)
         if len(data) != self.size:
-            raise ValueError(f"{self.path}: sample {self.name} is cut short ({len(data)} of {self.size} bytes)")
+            raise ValueError(f"{self.path}: sample {self.name} is cut short at byte offset {self.offset + len(data)} "
+                             f"({len(data)} of {self.size} bytes); fetch the shard again or leave it out of --in")
         return data
 
     def load(self) -> "Image.Image":  # noqa: F821 - PIL only where images are decoded

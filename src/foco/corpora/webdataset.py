@@ -73,10 +73,34 @@ def tar_files(path: str | Path, error: type[Exception] = ManifestError
     except (tarfile.TarError, OSError) as exc:
         raise error(f"{path}: not a readable tar shard ({exc})") from None
     with tar:
-        for member in tar:
-            if member.isfile():
-                key, _, ext = Path(member.name).name.partition(".")
-                yield key, "." + ext.lower(), member, tar
+        try:
+            for member in tar:
+                if member.isfile():
+                    key, _, ext = Path(member.name).name.partition(".")
+                    yield key, "." + ext.lower(), member, tar
+        except (tarfile.TarError, OSError) as exc:
+            at = min(tar.offset, Path(path).stat().st_size)
+            raise error(f"{path}: damaged or cut short at byte offset {at} ({exc}); fetch the shard again or leave "
+                        "it out of --in") from None
+        problem = _end_problem(Path(path), tar.offset)
+        if problem:
+            raise error(f"{path}: {problem}; fetch the shard again or leave it out of --in")
+
+
+def _end_problem(path: Path, end: int) -> str | None:
+    """Why a tar whose last member ends at byte `end` is not whole: a complete archive ends with a zero block
+    there (tarfile stops quietly at the end of a truncated file, so a shard cut in half would read as half of its
+    samples)."""
+    size = path.stat().st_size
+    if size < end:
+        return f"cut short: its last sample needs {end} bytes and the file has {size} (truncated at byte offset {size})"
+    with open(path, "rb") as f:
+        f.seek(end)
+        block = f.read(512)
+    if len(block) < 512 or block.count(0) != 512:
+        return (f"cut short: no end-of-archive block at byte offset {end} (the file ends at {size}), so samples after "
+                "it may be lost")
+    return None
 
 
 def iter_shard(path: Path, with_images: bool = True) -> Iterator[Sample]:

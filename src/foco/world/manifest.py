@@ -284,9 +284,20 @@ def pictures_fingerprint(root: str | Path, split: str, protocol: str) -> str | N
     return hashlib.sha256(blob).hexdigest()[:16]
 
 
+def record_digest(record: dict) -> str:
+    """The sha256 of a record's own fields (all but "record_sha256"), in canonical JSON: an edited field is
+    refused by the reader that recomputes it."""
+    import hashlib
+    import json
+    body = {k: v for k, v in record.items() if k != "record_sha256"}
+    return hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+
+
 def check_oacir(root: str | Path, split: str) -> dict:
-    """oacir.json of `split`, checked against its two files. Raises FileNotFoundError (no record) or ValueError
-    (a damaged record, or files changed since), naming the file and the fix."""
+    """oacir.json of `split`, checked: its own fields against `record_sha256`, its two files against theirs, and
+    that it records every image's sha256 (`oacir_image_hashes` checks the images where they are read). Raises
+    FileNotFoundError (no record) or ValueError (a damaged record, or files changed since), naming the file and the
+    fix."""
     base = Path(root) / "benchmarks" / split / OACIR
     path = base / OACIR_RECORD
     fix = f"regenerate it with `foco world oacir --world {root} --splits {split}`"
@@ -296,7 +307,24 @@ def check_oacir(root: str | Path, split: str) -> dict:
     rec = read_json(path)
     if not isinstance(rec, dict) or not isinstance(rec.get("manifests_sha256"), dict):
         raise ValueError(f"{path} is not an OACIR record (no manifests_sha256); {fix}")
+    if not isinstance(rec.get("images_sha256"), dict) or not isinstance(rec.get("record_sha256"), str):
+        raise ValueError(f"{path} records no sha256 of its images or of itself (an older foco wrote it); {fix}")
+    if record_digest(rec) != rec["record_sha256"]:
+        raise ValueError(f"{path}: its fields do not match its record_sha256 (edited since it was written); {fix}")
+    if rec.get("world") is not None and _world_fp(root) not in (None, rec["world"]):
+        raise ValueError(f"{path} was written from another world ({rec['world']}) than {root} "
+                         f"({_world_fp(root)}); {fix}")
     for f in OACIR_FILES:
         if sha256_file(base / f) != rec["manifests_sha256"].get(f):
             raise ValueError(f"{base / f} does not match the sha256 in {path} (edited since); {fix}")
     return rec
+
+
+def _world_fp(root: str | Path) -> str | None:
+    from .generate import world_fingerprint
+    return world_fingerprint(root)
+
+
+def oacir_image_hashes(root: str | Path, split: str) -> dict[str, str]:
+    """{image path relative to `root`: sha256} of the OACIR protocol of `split`, from its checked record."""
+    return dict(check_oacir(root, split)["images_sha256"])

@@ -47,6 +47,7 @@ and instance ids, `oacir_statistics` what the gallery holds per query. Same worl
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -59,14 +60,15 @@ from ..utils.progress import progress
 from .ambiguous import object_box
 from .benchmark import GalleryItem
 from .edits import Edit
-from .generate import _dump_jsonl, _render_job, _split_rng
-from .manifest import OACIR, OACIR_FILES, OACIR_RECORD, check_oacir, load_benchmark
+from .generate import _dump_jsonl, _render_job, _split_rng, world_fingerprint
+from .manifest import OACIR, OACIR_FILES, OACIR_RECORD, check_oacir, load_benchmark, record_digest
 from .scene import MAX_JITTER, Scene, WorldObject, sample_scene
 from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, MARKS, SHAPES, SIZE_COMPARATIVE, SIZES
 
 PROTOCOL = OACIR
 RECORD = OACIR_RECORD
 FILES = OACIR_FILES
+PLAN = ".plan"  # the fingerprint of the gallery being rendered (resume only the same plan)
 SPLITS = ("train", "val", "test")
 PLAN_ORDER = ("test", "val", "train")  # each split excludes the layouts of those before it
 DOMAIN = "shapes"
@@ -355,7 +357,10 @@ def plan_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_queries: i
 def generate_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_queries: int | None = None,
                    out: str | Path | None = None) -> dict[str, dict]:
     """Writes the OACIR protocol of each of `splits` under `out` (default: the world folder) and returns
-    {split: summary}. Resumable: images already on disk are kept; the record is written last."""
+    {split: summary}. Resumable: images already on disk are kept when they were rendered for the same plan (its
+    fingerprint is written before the first image: another count or world re-renders every image, and images of an
+    earlier plan are removed); the record, with every image's sha256 and its own (`record_sha256`), is written
+    last."""
     world = Path(world)
     out = Path(out) if out is not None else world
     cfg = read_json(world / "world.json").get("config") or {} if (world / "world.json").is_file() else {}
@@ -366,9 +371,15 @@ def generate_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_querie
         base = out / "benchmarks" / split / PROTOCOL
         (base / "images").mkdir(parents=True, exist_ok=True)
         (base / RECORD).unlink(missing_ok=True)  # no record while the folder changes: readers refuse it meanwhile
+        plan = hashlib.sha256(json.dumps(gallery, sort_keys=True).encode()).hexdigest()
+        same_plan = (base / PLAN).is_file() and (base / PLAN).read_text().strip() == plan
+        for old in [] if same_plan else sorted((base / "images").rglob("*.png")):
+            old.unlink()  # drawn for another plan (or by a foco that recorded none): never kept under new records
+        atomic_write_text(base / PLAN, plan + "\n")  # before the first image: a killed run resumes this plan
         jobs = [(str(out / g["image"]), g["scene"], None) for g in gallery if not (out / g["image"]).exists()]
         for job in progress(jobs, desc=f"rendering {split}/oacir"):
             _render_job(job)
+        images = {g["image"]: sha256_file(out / g["image"]) for g in gallery}
         _dump_jsonl(base / "gallery.jsonl", gallery)
         _dump_jsonl(base / "queries.jsonl", queries)
         summary = {"format": FORMAT, "protocol": PROTOCOL, "split": split, "seed": cfg.get("seed"),
@@ -377,7 +388,9 @@ def generate_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_querie
                    "queries_asked": asked[split], "queries_dropped": asked[split] - len(queries),
                    "box_format": "x0, y0, x1, y1 pixels", "image_size": IMAGE_SIZE, "marks": list(MARKS),
                    "instance_id": "kind/colour/mark", "edit_types": list(EDIT_TYPES),
-                   "manifests_sha256": {f: sha256_file(base / f) for f in FILES}}
+                   "manifests_sha256": {f: sha256_file(base / f) for f in FILES}, "images_sha256": images,
+                   "world": world_fingerprint(world)}
+        summary["record_sha256"] = record_digest(summary)
         atomic_write_text(base / RECORD, json.dumps(summary, indent=2, sort_keys=True) + "\n")
         summaries[split] = summary
     return summaries

@@ -46,7 +46,7 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
     captions only (F_Comp reads them token by token; everything else is read by its global vector), unless
     `cfg.tokens_for` says otherwise."""
     images, texts = split_items(world, split, include_captions, decompositions)
-    check_image_hashes(Path(world), [path for _, path in images])
+    check_image_hashes(Path(world), [path for _, path in images], split)
     from .generate import world_fingerprint
     source = {"world": world_fingerprint(world), "split": split}
     if "/" in split and pictures_fingerprint(world, *split.split("/", 1)) is not None:
@@ -57,11 +57,27 @@ def extract_world_split(backbone: Backbone, world: str | Path, split: str, out: 
     return {"images": extract_images(backbone, images, out, cfg), "texts": extract_texts(backbone, texts, out, cfg)}
 
 
-def check_image_hashes(world: Path, paths: list[Path]) -> None:
-    """The split's images are the ones generation hashed (images.sha256; a restaging's own pictures are checked by
-    `foco world verify` against its restaged.json): a replaced or swapped picture is refused before it is encoded."""
+def check_image_hashes(world: Path, paths: list[Path], split: str = "") -> None:
+    """The split's images are the ones generation hashed (images.sha256; an OACIR protocol's own images against
+    its oacir.json; a restaging's own pictures are checked by `foco world verify` against its restaged.json): a
+    replaced or swapped picture is refused before it is encoded."""
     from ..utils.io import ImageLoadError, sha256_file
+    from .manifest import OACIR, OACIR_RECORD, oacir_image_hashes
     from .verify import _read_hashes
+    part, _, protocol = split.partition("/")
+    if protocol == OACIR:
+        own = oacir_image_hashes(world, part)
+        record = world / "benchmarks" / part / OACIR / OACIR_RECORD
+        for path in paths:
+            rel = path.relative_to(world).as_posix() if path.is_relative_to(world) else str(path)
+            if rel not in own:
+                raise ImageLoadError(f"{path}: not listed in {record}; regenerate the protocol with `foco world "
+                                     f"oacir --world {world} --splits {part}`")
+            if sha256_file(path) != own[rel]:
+                raise ImageLoadError(f"{path}: content differs from the sha256 recorded in {record} (replaced or "
+                                     f"swapped since it was written); regenerate the protocol, or see every changed "
+                                     f"file with `foco world verify {world}`")
+        return
     hashes = _read_hashes(world)
     if hashes is None:
         return

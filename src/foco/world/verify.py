@@ -8,7 +8,8 @@ from pathlib import Path
 from ..utils.io import ImageLoadError, load_image, read_json, sha256_file
 from ..utils.progress import progress
 from .generate import BENCH_SPLITS, HASHES, PAIR_SPLITS, PROTOCOLS
-from .manifest import RESTAGED_RECORD, WorldBenchmark, load_benchmark, load_pairs, restaged_record
+from .manifest import (OACIR, RESTAGED_RECORD, WorldBenchmark, load_benchmark, load_pairs, oacir_image_hashes,
+                       restaged_record)
 
 
 def verify_world(root: str | Path) -> dict:
@@ -18,6 +19,7 @@ def verify_world(root: str | Path) -> dict:
     _check_manifests(root, summary)
     images: list[Path] = []
     restaged: dict[str, str] = {}  # relative path -> sha256, from each restaged.json
+    oacir: dict[str, str] = {}  # relative path -> sha256, from each oacir.json
     counts = {}
     for split in PAIR_SPLITS:
         pairs = load_pairs(root, split)
@@ -31,14 +33,24 @@ def verify_world(root: str | Path) -> dict:
         if (root / "benchmarks" / split / "described").exists():  # `foco world describe` wrote one: checked too
             b = load_benchmark(root, split, "described")  # described.json against the world and the files
             counts[f"{split}/described"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+        if (root / "benchmarks" / split / OACIR).exists():  # `foco world oacir` wrote one: its images too
+            b = load_benchmark(root, split, OACIR)  # oacir.json against itself, the world and its files
+            counts[f"{split}/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+            images += b.gallery_images
+            oacir.update(oacir_image_hashes(root, split))
         if (root / "benchmarks" / split / "restaged").exists():  # `foco world restage` wrote one: its pictures too
             b = load_benchmark(root, split, "restaged")  # restaged.json against the world and the files
             counts[f"{split}/restaged"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
             images += b.gallery_images
             restaged.update(_restaged_hashes(root, split, b))
+    if (root / "benchmarks" / "train" / OACIR).exists():  # OACIR's training split (AdaFocal reads it)
+        b = load_benchmark(root, "train", OACIR)
+        counts["train/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+        images += b.gallery_images
+        oacir.update(oacir_image_hashes(root, "train"))
     hashes = _read_hashes(root)
-    if hashes is not None:
-        hashes.update(restaged)
+    if hashes is not None or oacir:
+        hashes = {**(hashes or {}), **restaged, **oacir}
     bad = []
     for path in progress(images, desc="decoding and hashing images"):
         try:
@@ -52,7 +64,8 @@ def verify_world(root: str | Path) -> dict:
             if want is None:
                 bad.append(f"{path}: not listed in {root / HASHES} (nor in a restaged.json)")
             elif sha256_file(path) != want:
-                where = path.parent.parent / RESTAGED_RECORD if rel in restaged else root / HASHES
+                where = (path.parent.parent / RESTAGED_RECORD if rel in restaged else
+                         "its protocol's oacir.json" if rel in oacir else root / HASHES)
                 bad.append(f"{path}: content differs from the sha256 recorded in {where} (replaced or damaged "
                            "since it was written)")
     if bad:
