@@ -239,3 +239,18 @@ def test_features_extract_and_index_build_refuse_a_truncated_shard(half_shard, t
     _fails(["index", "build", "--in", pattern, "--backbone", "world:pretrained", "--out", tmp_path / "i"], capsys,
            str(cut), "byte offset")
     assert not (tmp_path / "i" / "index.json").exists()
+
+
+def test_a_server_refuses_at_startup_a_method_the_index_cannot_answer(four_image_index, tmp_path, capsys):
+    from foco import create_backbone
+    from foco.methods.lincir import LinCIRConfig, LinCIRPhi
+    from foco.search.engine import SearchEngine
+    backbone = create_backbone("world:pretrained")
+    phi = tmp_path / "phi"
+    LinCIRPhi(LinCIRConfig(embed_dim=backbone.embed_dim, token_dim=backbone.token_dim)).save(
+        phi, {"backbone": "world:pretrained"})
+    with pytest.raises(ValueError, match=r"--lincir .*raw embedding \(its norm\).*serve without --lincir"):
+        SearchEngine.open(four_image_index, lincir=phi)
+    _fails(["search", "--index", four_image_index, "--reference", "0", "--text", "make it red", "--method",
+            "lincir", "--lincir", phi], capsys, "--lincir", "norm")
+    assert "lincir" not in SearchEngine.open(four_image_index).available_methods()

@@ -134,6 +134,12 @@ class QueryMethod:
     options: ClassVar[tuple[MethodOption, ...]] = ()  # the method's own options (`MethodOption`)
     served: ClassVar[bool] = True  # offered by `foco serve` / `foco search` when its weights folders are given
 
+    @property
+    def reads_norm(self) -> bool:
+        """Whether `encode` reads `QueryBatch.reference.norm` (the raw embedding's norm, which a feature cache keeps
+        and a search index does not): a server refuses such a method at startup rather than fail its queries."""
+        return False
+
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "QueryMethod":
         return cls()

@@ -111,6 +111,10 @@ class LinCIRMethod(QueryMethod):
     def modules(self) -> list[torch.nn.Module]:
         return [self.phi]
 
+    @property
+    def reads_norm(self) -> bool:
+        return True  # phi reads the raw embedding, as LinCIR trains it
+
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         if self.backbone is None:
             raise ValueError("LinCIRMethod was built without a backbone; pass one (MethodOptions.backbone)")

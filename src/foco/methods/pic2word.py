@@ -192,6 +192,10 @@ class Pic2WordMethod(QueryMethod):
         backbone = require_backbone(opts, "pic2word", "reads its query with the text tower")
         return cls.load(folder, backbone, opts.get("query_template"))
 
+    @property
+    def reads_norm(self) -> bool:
+        return self.mapper.cfg.mapper_input == "raw"
+
     def prompts(self, modifications: Sequence[str]) -> list[str]:
         return [self.template.format(m) for m in modifications]
 

@@ -189,7 +189,22 @@ class SearchEngine:
         check_trained_on(opts, indexed, f"the index {folder}", fix)
         for what in unverified_folders(opts):
             log.warning("%s records no backbone: used unchecked against the index %s (--unverified)", what, folder)
-        return cls(folder, Loaded.read(folder, meta, generation), backbone, opts, limits, box_beta, lock)
+        engine = cls(folder, Loaded.read(folder, meta, generation), backbone, opts, limits, box_beta, lock)
+        engine.check_servable()
+        return engine
+
+    def check_servable(self) -> None:
+        """Refuses, at startup, a method whose weights were given but whose queries this index cannot answer (a
+        method that reads the raw embedding's norm: the index stores unit vectors), naming the method, the flag and
+        why; a method listed is one every query of can be answered."""
+        for name in self.available_methods():
+            method = self._method(name)
+            if method.reads_norm:
+                opt = next(o for o in METHODS.get(name).options if o.record)
+                raise ValueError(f"{opt.flag} {self.options.get(opt.name)}: {name} reads the reference's raw "
+                                 f"embedding (its norm), which the index {self.folder} does not store (it keeps unit "
+                                 f"vectors); serve without {opt.flag}, or "
+                                 f"evaluate {name} on a feature cache with `foco eval`")
 
     # --- what the index holds ------------------------------------------------------------------------------
     def count(self) -> int:
