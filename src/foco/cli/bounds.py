@@ -54,14 +54,13 @@ def bound_of(action: argparse.Action) -> tuple[int, str] | None:
 
 
 def is_count(action: argparse.Action) -> bool:
-    from .common import nonneg_int, positive_int
-    return action.type in (positive_int, nonneg_int) or getattr(action.type, "bounded", None) is not None
+    """An integer flag: its type is `common.positive_int` or `nonneg_int` (marked `count`), or already bounded."""
+    return getattr(action.type, "count", False) or getattr(action.type, "bounded", None) is not None
 
 
 def apply_bounds(p: argparse.ArgumentParser) -> None:
     """Gives every integer flag of every command of `p` its bound (`BOUNDS`)."""
-    from .rules import commands
-    for _, cmd in commands(p):
+    for cmd in _parsers(p):
         for action in cmd._actions:
             if is_count(action) and getattr(action.type, "bounded", None) is None:
                 bound = bound_of(action)
@@ -69,6 +68,14 @@ def apply_bounds(p: argparse.ArgumentParser) -> None:
                     action.type = _bounded(action.type, *bound)
                     if action.help != argparse.SUPPRESS:
                         action.help = f"{action.help or ''} (at most {bound[0]:,})".strip()
+
+
+def _parsers(p: argparse.ArgumentParser):
+    yield p
+    for action in p._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                yield from _parsers(child)
 
 
 def _bounded(parse, hi: int, what: str):

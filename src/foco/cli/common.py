@@ -42,6 +42,9 @@ def nonneg_int(v: str) -> int:
     return _int_at_least(v, 0, "is negative")
 
 
+positive_int.count = nonneg_int.count = True  # each flag of theirs gets its upper bound (`foco.cli.bounds`)
+
+
 def add_owned_output(p: argparse.ArgumentParser, dest: str = "out", signature: tuple[str, ...] = (),
                      flag: str | None = None, kind: str | None = None) -> None:
     """Declares that the folder of `dest` is written by this command (`foco.cli.rules`): the runner claims it before
