@@ -86,6 +86,10 @@ READERS: dict[str, Callable[[Path], dict]] = {
     "edit store": _edit_store, "weights": _weights}
 
 
+NOUNS = {"world": "the world", "benchmark root": "the world", "feature cache": "features",
+         "feature caches": "features", "edit store": "edit triplets", "weights": "weights"}
+
+
 def inputs_of(a: argparse.Namespace, rules) -> dict[str, dict]:
     """{flag: {"path", "worlds", "split", "trained_on"}} of every declared input given, where a reader knows it."""
     got = {}
@@ -96,13 +100,13 @@ def inputs_of(a: argparse.Namespace, rules) -> dict[str, dict]:
             continue
         prov = reader(Path(value))
         if prov:
-            got[flag] = {"path": str(value), **prov}
+            got[flag] = {"path": str(value), "noun": NOUNS.get(kind, kind), **prov}
     return got
 
 
 def check_same_world(inputs: dict[str, dict]) -> None:
     """Refuses inputs made from different worlds, naming both (a folder of caches that mixes worlds too)."""
-    seen: list[tuple[str, str, str]] = []
+    seen: list[tuple[str, dict, str]] = []
     for flag, prov in inputs.items():
         worlds = prov.get("worlds") or []
         if len(worlds) > 1:
@@ -110,13 +114,16 @@ def check_same_world(inputs: dict[str, dict]) -> None:
             shown = ", ".join(f"{where.get(w, '?')} ({w})" for w in worlds[:3])
             raise ValueError(f"{flag} {prov['path']} mixes artifacts of {len(worlds)} worlds: {shown}; use one "
                              f"world's artifacts in one {flag}")
-        seen += [(flag, prov["path"], w) for w in worlds]
-    for flag, path, world in seen[1:]:
-        first = seen[0]
-        if world != first[2]:
-            raise ValueError(f"{first[0]} {first[1]} comes from world {first[2]} and {flag} {path} from world "
-                             f"{world}: one command reads one world's artifacts (their ids name different images); "
-                             f"make both from the same world, or name the matching {flag}")
+        seen += [(flag, prov, w) for w in worlds]
+    for flag, prov, world in seen[1:]:
+        first_flag, first, first_world = seen[0]
+        if world != first_world:
+            (sf, sp, sw), (of, op, ow) = ((first_flag, first, first_world), (flag, prov, world)) \
+                if first["noun"] == "features" else ((flag, prov, world), (first_flag, first, first_world))
+            raise ValueError(f"{sf} {sp['path']} holds {sp['noun']} of world {sw}, another world than {of} "
+                             f"{op['path']} ({op['noun']} of world {ow}): one command reads one world's artifacts "
+                             f"(their ids name different images); make both from the same world, or name the "
+                             f"matching {sf}")
 
 
 def check_split_apart(a: argparse.Namespace, rules, inputs: dict[str, dict]) -> None:
