@@ -254,3 +254,17 @@ def test_a_server_refuses_at_startup_a_method_the_index_cannot_answer(four_image
     _fails(["search", "--index", four_image_index, "--reference", "0", "--text", "make it red", "--method",
             "lincir", "--lincir", phi], capsys, "--lincir", "norm")
     assert "lincir" not in SearchEngine.open(four_image_index).available_methods()
+
+
+def test_verify_reads_the_ambiguous_variant_and_its_images(tiny_world, tmp_path, capsys):
+    world = tmp_path / "w"
+    shutil.copytree(tiny_world, world)
+    assert main(["world", "ambiguous", "--world", str(world), "--queries", "3"]) == 0
+    assert main(["world", "verify", str(world)]) == 0
+    assert "test-ambiguous/single" in capsys.readouterr().out
+    images = sorted((world / "images" / "test-ambiguous-single").glob("*.png"))
+    a, b = images[0].read_bytes(), images[1].read_bytes()
+    images[0].write_bytes(b)
+    images[1].write_bytes(a)
+    assert main(["world", "verify", str(world)]) == 2
+    assert images[0].name in capsys.readouterr().err

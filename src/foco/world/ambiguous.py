@@ -20,6 +20,7 @@ are therefore drawn independently (separate seeds), not excluded from each other
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,12 +28,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from ..utils.io import atomic_write_text, read_json, read_jsonl
+from ..utils.io import atomic_write_text, read_json, read_jsonl, sha256_file
 from ..utils.progress import progress
 from .benchmark import SUBSET_SIZE, Benchmark, GalleryItem, Query, _settle_ground_truth, _shuffle_ids
 from .captions import article
 from .edits import Edit, apply_edit, hard_negative_edits, sample_edit
 from .generate import _bench_records, _dump_jsonl, _render_job, _split_rng
+from .manifest import record_digest
 from .render import SUPERSAMPLE
 from .scene import MAX_JITTER, Scene, WorldObject, sample_object, sample_scene
 from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, SHAPES, SIZE_COMPARATIVE, SIZES
@@ -198,6 +200,14 @@ def generate_ambiguous_split(world: str | Path, split: str = "test", n_queries: 
     for rec in queries:
         rec["box"] = extras[rec["id"]].box
         rec["confuser"] = by_layout[extras[rec["id"]].confuser.layout_key()]
+    base.mkdir(parents=True, exist_ok=True)
+    (base / "ambiguous.json").unlink(missing_ok=True)  # no record while the folder changes
+    plan = hashlib.sha256(json.dumps(gallery, sort_keys=True).encode()).hexdigest()
+    folder = (out / gallery[0]["image"]).parent if gallery else out / "images" / f"{part}-{PROTOCOL}"
+    if not ((base / ".plan").is_file() and (base / ".plan").read_text().strip() == plan):
+        for old in sorted(folder.glob("*.png")):  # drawn for another plan: never kept under the new records
+            old.unlink()
+    atomic_write_text(base / ".plan", plan + "\n")  # before the first image: a killed run resumes this plan
     jobs = [(str(out / g["image"]), g["scene"], None) for g in gallery if not (out / g["image"]).exists()]
     if jobs:
         (out / gallery[0]["image"]).parent.mkdir(parents=True, exist_ok=True)
@@ -207,7 +217,8 @@ def generate_ambiguous_split(world: str | Path, split: str = "test", n_queries: 
     _dump_jsonl(base / "queries.jsonl", queries)
     summary = {"source_world": str(world), "seed": int(cfg["seed"]), "split": part, "protocol": PROTOCOL,
                "queries": len(queries), "gallery": len(gallery), "box_format": "x0, y0, x1, y1 pixels",
-               "image_size": IMAGE_SIZE}
+               "image_size": IMAGE_SIZE, "images_sha256": {g["image"]: sha256_file(out / g["image"]) for g in gallery}}
+    summary["record_sha256"] = record_digest(summary)
     atomic_write_text(base / "ambiguous.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
 

@@ -43,6 +43,13 @@ def verify_world(root: str | Path) -> dict:
             counts[f"{split}/restaged"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
             images += b.gallery_images
             restaged.update(_restaged_hashes(root, split, b))
+    for split in BENCH_SPLITS:  # the ambiguous variant (`foco world ambiguous`), where one was written
+        part = f"{split}-ambiguous"
+        if (root / "benchmarks" / part / "single" / "ambiguous.json").is_file():
+            b = load_benchmark(root, part, "single")
+            counts[f"{part}/single"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+            images += b.gallery_images
+            oacir.update(_ambiguous_hashes(root / "benchmarks" / part / "single" / "ambiguous.json"))
     if (root / "benchmarks" / "train" / OACIR).exists():  # OACIR's training split (AdaFocal reads it)
         b = load_benchmark(root, "train", OACIR)
         counts["train/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
@@ -65,7 +72,7 @@ def verify_world(root: str | Path) -> dict:
                 bad.append(f"{path}: not listed in {root / HASHES} (nor in a restaged.json)")
             elif sha256_file(path) != want:
                 where = (path.parent.parent / RESTAGED_RECORD if rel in restaged else
-                         "its protocol's oacir.json" if rel in oacir else root / HASHES)
+                         "its protocol's record (oacir.json, ambiguous.json)" if rel in oacir else root / HASHES)
                 bad.append(f"{path}: content differs from the sha256 recorded in {where} (replaced or damaged "
                            "since it was written)")
     if bad:
@@ -123,3 +130,17 @@ def _restaged_hashes(root: Path, split: str, b: WorldBenchmark) -> dict[str, str
         raise ManifestError(f"{base / RESTAGED_RECORD} lists no sha256 for {len(missing)} gallery image(s), e.g. "
                             f"{missing[:3]}; regenerate it with `foco world restage --force`")
     return {p.relative_to(root).as_posix(): recorded[g] for g, p in zip(b.gallery_ids, b.gallery_images)}
+
+
+def _ambiguous_hashes(path: Path) -> dict[str, str]:
+    """{relative image path: sha256} of an ambiguous variant, from its ambiguous.json (checked against its own
+    record_sha256); {} for a record an older foco wrote without them."""
+    from ..utils.io import ManifestError
+    from .manifest import record_digest
+    rec = read_json(path)
+    if not isinstance(rec, dict):
+        raise ManifestError(f"{path} is not an ambiguous variant's record; run `foco world ambiguous` again")
+    if "record_sha256" in rec and record_digest(rec) != rec["record_sha256"]:
+        raise ManifestError(f"{path}: its fields do not match its record_sha256 (edited since it was written); run "
+                            "`foco world ambiguous` again into a new --out")
+    return dict(rec.get("images_sha256") or {})
