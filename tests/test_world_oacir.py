@@ -222,3 +222,12 @@ def test_verify_reads_every_oacir_protocol_of_a_world(world, capsys):
     assert main(["world", "verify", str(world)]) == 0
     out = capsys.readouterr().out
     assert all(f"{s}/oacir" in out for s in ("train", "val", "test")), out
+
+
+def test_an_oacir_protocol_copied_into_another_world_is_refused_on_read(world, tiny_world, tmp_path):
+    import shutil
+    other = tmp_path / "other"
+    shutil.copytree(tiny_world, other, ignore=shutil.ignore_patterns("*.png"))
+    shutil.copytree(world / "benchmarks" / "val" / "oacir", other / "benchmarks" / "val" / "oacir")
+    with pytest.raises(ValueError, match="written from another world"):
+        load_benchmark(other, "val", "oacir")
