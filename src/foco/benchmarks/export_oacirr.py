@@ -63,6 +63,10 @@ def export_oacirr(world: str | Path, out: str | Path, splits: tuple[str, ...] = 
         if not (world / "benchmarks" / s / PROTOCOL / RECORD).is_file():
             raise ManifestError(f"{world / 'benchmarks' / s / PROTOCOL} holds no OACIR protocol ({RECORD}); write "
                                 f"it first with `foco world oacir --world {world} --splits {s}`")
+    from ..world.splits import check_image_hashes
+    for s in splits:  # every image against its oacir.json before one is copied (a swapped picture is refused)
+        bench = load_benchmark(world, s, PROTOCOL)
+        check_image_hashes(Path(world), list(bench.gallery_images), f"{s}/{PROTOCOL}")
     claim_folder(out, "world export --format oacirr", ("world_export.*.json",), force=force)
     plan = _Plan()
     folders: dict[str, str] = {}

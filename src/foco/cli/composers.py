@@ -16,6 +16,10 @@ def _common(a: argparse.Namespace):
     from ..backbones.tunable import TextTuneConfig
     from ..train.sources import edit_records, training_data
     check_resume(a)
+    if getattr(a, "world", None):  # tscir: the retrieved targets are checked against --split's scenes
+        from ..features import FeatureCache
+        FeatureCache(a.features).check_source("split", a.split, f"--split {a.split}",
+                                              "pass the --split the features were extracted from")
     # torchrun ... -m foco pact ...: the run's context, made once and passed down
     env = run_context(a)
     start_or_continue(a, env)  # --restart clears --out here; a run left in it is continued
@@ -100,6 +104,7 @@ def _data_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backbone", default=None, help="default: the backbone recorded in the feature cache")
     p.add_argument("--out", required=True, help="output folder (created; rerun the same command to resume)")
     add_owned_output(p, signature=("train_state", "train_log.jsonl"), kind="text composer (PACT, TSCIR)")
+    add_owned_output(p, dest="edit_features", kind="feature cache")
     p.add_argument("--batch-size", type=positive_int, default=128, help="examples per step")
     p.add_argument("--text-tuning", default="auto", choices=["auto", "world-head", "lora"],
                    help="the text tower's trainable part: LoRA (hf) or the TextHead copy (world); auto by backbone")
@@ -135,7 +140,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--mapper-init", default=None, help="a Pic2Word checkpoint to start the mapper from")
     p.set_defaults(func=_pact_train)
     declare(p, reads={"features": "feature cache", "edits": "edit store", "backbone": "backbone"},
-            folders=("edit_features",),
             values=("edit_settings", "mapper_init"))
 
     tscir = sub.add_parser("tscir", help="TSCIR: mapping, then composing on synthetic triplets").add_subparsers(
@@ -154,5 +158,4 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--split", default="train", help="with --world: the pairs split of --features")
     t.set_defaults(func=_tscir_train)
     declare(t, reads={"features": "feature cache", "edits": "edit store", "backbone": "backbone", "world": "world"},
-            folders=("edit_features",),
             values=("edit_settings", "target_threshold", "split"))

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from .rules import declare
 from ..utils.parse import MAX_CHORD
-from .common import add_device_arg, add_unverified_arg, check_writable, flag_dest, float_or_val, positive_int
+from .common import (add_device_arg, add_owned_output, add_unverified_arg, check_writable, flag_dest, float_or_val,
+                     positive_int)
 
 
 def _reader_options(a: argparse.Namespace, name: str) -> dict:
@@ -187,10 +188,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_device_arg(ev)
     ev.add_argument("--out", default=None, help="write the results as JSON here")
     ev.add_argument("--force", action="store_true", help="--out may replace a file that is not a results file")
+    add_owned_output(ev, dest="cache", signature=("*/manifest.json",))  # per-part caches, never a user's folder
     ev.set_defaults(func=_eval)
     weights = {w: "weights" for w in ("checkpoint", "foco_edits", "pic2word", "lincir", "pact", "tscir", "adafocal")}
     declare(ev, reads={"root": "benchmark root", "world": "benchmark root", "features": "feature caches",
                        "backbone": "backbone", "genecis_coco": "images", "genecis_vg": "images", **weights},
-            files=("out",), folders=("cache", "submission_dir"), evaluates=("root", "split"),
+            files=("out",), folders=("submission_dir",), evaluates=("root", "split"),
             values=("methods", "chord", "genecis_task", "protocols", "oacirr_domains", "pic2word_template",
                     "slerp_alpha"))

@@ -34,6 +34,9 @@ def _serve(a: argparse.Namespace) -> int:
     engine_args = {**weights(a), "box_beta": a.box_beta, "device": device(a)}
     engines = open_engines(indexes, **engine_args)  # every index checked before the server starts
     import uvicorn
+    for n, e in engines.items():
+        for reason in e.refused.values():
+            print(f"foco serve: index {n}: refused {reason}", file=sys.stderr)
     listing = "; ".join(f"{n}: {e.count()} images, methods {', '.join(e.available_methods())}"
                         for n, e in engines.items())
     print(f"foco serve: {listing}; {a.workers} worker(s), batches of at most {a.max_batch} within "

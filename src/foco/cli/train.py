@@ -195,11 +195,11 @@ def _register_train(sub: argparse._SubParsersAction) -> None:
     add_resume_args(tr)
     add_allow_changed(tr)
     _add_edit_args(tr)
+    add_owned_output(tr, dest="edit_features", kind="feature cache")
     tr.set_defaults(func=_train)
     declare(tr,
             reads={"features": "feature cache", "world": "world", "inp": "shards or captions", "backbone": "backbone",
                    "decompositions": "decomposition store", "edits": "edit store"},
-            folders=("edit_features",),
             values=("split", "decomposer", "compile", "edit_settings", "target_threshold"))
 
 

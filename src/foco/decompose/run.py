@@ -51,11 +51,13 @@ def shard_of(caption: str, n: int) -> int:
 
 
 def parse_shard(value: str) -> tuple[int, int]:
-    """"i/n" -> (i, n) with 0 <= i < n."""
+    """"i/n" -> (i, n) with 0 <= i < n <= 1,000,000, each in ASCII digits (`foco.utils.parse`: never "1_0")."""
+    from ..utils.parse import ascii_integer
     try:
-        i, n = (int(v) for v in value.split("/"))
+        i, n = (ascii_integer(v, 0, 1_000_000) for v in value.split("/"))
     except ValueError:
-        raise ValueError(f"--shard takes i/n (e.g. 0/4), got {value!r}") from None
+        raise ValueError(f"--shard takes i/n in ASCII digits with n at most 1,000,000 (e.g. 0/4), got {value!r}"
+                         ) from None
     if n < 1 or not 0 <= i < n:
         raise ValueError(f"--shard {value}: need 0 <= i < n")
     return i, n

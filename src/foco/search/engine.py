@@ -190,21 +190,23 @@ class SearchEngine:
         for what in unverified_folders(opts):
             log.warning("%s records no backbone: used unchecked against the index %s (--unverified)", what, folder)
         engine = cls(folder, Loaded.read(folder, meta, generation), backbone, opts, limits, box_beta, lock)
-        engine.check_servable()
+        engine.refuse_unservable()
         return engine
 
-    def check_servable(self) -> None:
-        """Refuses, at startup, a method whose weights were given but whose queries this index cannot answer (a
-        method that reads the raw embedding's norm: the index stores unit vectors), naming the method, the flag and
-        why; a method listed is one every query of can be answered."""
+    def refuse_unservable(self) -> None:
+        """At startup: a method whose weights were given but whose queries this index cannot answer (one that reads
+        the raw embedding's norm: the index stores unit vectors) is refused, with the reason (`refused`, which
+        `foco serve` and `foco search` print, and a query naming it is answered with): a method listed is one every
+        query of can be answered."""
+        self.refused: dict[str, str] = {}
         for name in self.available_methods():
-            method = self._method(name)
-            if method.reads_norm:
+            if self._method(name).reads_norm:
                 opt = next(o for o in METHODS.get(name).options if o.record)
-                raise ValueError(f"{opt.flag} {self.options.get(opt.name)}: {name} reads the reference's raw "
-                                 f"embedding (its norm), which the index {self.folder} does not store (it keeps unit "
-                                 f"vectors); serve without {opt.flag}, or "
-                                 f"evaluate {name} on a feature cache with `foco eval`")
+                self.refused[name] = (f"{name} ({opt.flag} {self.options.get(opt.name)}) reads the reference's raw "
+                                      f"embedding (its norm), which the index {self.folder} does not store (it keeps "
+                                      f"unit vectors): evaluate it on a feature cache with `foco eval`")
+                self._methods.pop(name, None)
+        self._available = tuple(m for m in self._available if m not in self.refused)
 
     # --- what the index holds ------------------------------------------------------------------------------
     def count(self) -> int:
@@ -302,6 +304,8 @@ class SearchEngine:
 
     # --- queries ---------------------------------------------------------------------------------------------
     def _method(self, name: str):
+        if name in getattr(self, "refused", {}):
+            raise QueryError(f"method {name!r} is refused on this index: {self.refused[name]}")
         if name not in self.available_methods():
             need = [o.flag for o in METHODS.get(name).options if o.record] if name in METHODS.names() else []
             raise QueryError(f"method {name!r} is not available here; choose from {self.available_methods()}"

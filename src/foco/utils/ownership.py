@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Iterable
 
 MARKER = ".foco-owner.json"
+OWN = (MARKER, f".{MARKER}.tmp")  # the owner file, and its temporary copy a kill may leave mid-write
 
 # Each kind of output folder and the files by which a folder of that kind is recognised (`owned`'s signatures,
 # without what several kinds share, such as a training state).
@@ -140,7 +141,7 @@ def is_empty_or_owned(folder: str | Path, signature: Iterable[str] = ()) -> bool
     folder = Path(folder)
     if not folder.is_dir():
         return True
-    return not [p for p in folder.iterdir() if p.name != MARKER] or owned(folder, signature)
+    return not [p for p in folder.iterdir() if p.name not in OWN] or owned(folder, signature)
 
 
 def mark_folder(folder: str | Path, command: str, kind: str | None = None) -> None:
@@ -167,7 +168,7 @@ def check_folder(folder: str | Path, signature: Iterable[str] = (), force: bool 
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{flag} {folder} is a file, not a folder; choose another {flag}")
     if folder.is_dir():
-        foreign = [p.name for p in sorted(folder.iterdir()) if p.name != MARKER]
+        foreign = [p.name for p in sorted(folder.iterdir()) if p.name not in OWN]
         if foreign and not owned(folder, signature) and not force:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise FileExistsError(f"{flag} {folder} holds files foco did not write ({shown}); choose a new or empty "
@@ -184,7 +185,7 @@ def enter_foreign(folder: str | Path) -> None:
     meta = _read(folder)
     if meta.get("command"):
         return
-    held = {p.name for p in folder.iterdir() if p.name != MARKER} if folder.is_dir() else set()
+    held = {p.name for p in folder.iterdir() if p.name not in OWN} if folder.is_dir() else set()
     _write(folder, {"owner": "user", "files": meta.get("files", []), **meta,
                     "user_files": sorted(set(meta.get("user_files", [])) | (held - set(meta.get("files", []))))})
 
@@ -197,7 +198,7 @@ def removable(folder: str | Path, patterns: Iterable[str] = RUN_OUTPUTS) -> list
     if not folder.is_dir():
         return []
     users = set(_read(folder).get("user_files", []))
-    return [p for p in sorted(folder.iterdir()) if p.name != MARKER and p.name not in users
+    return [p for p in sorted(folder.iterdir()) if p.name not in OWN and p.name not in users
             and any(fnmatch(p.name, pat) for pat in patterns)]
 
 

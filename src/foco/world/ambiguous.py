@@ -217,7 +217,8 @@ def generate_ambiguous_split(world: str | Path, split: str = "test", n_queries: 
     _dump_jsonl(base / "queries.jsonl", queries)
     summary = {"source_world": str(world), "seed": int(cfg["seed"]), "split": part, "protocol": PROTOCOL,
                "queries": len(queries), "gallery": len(gallery), "box_format": "x0, y0, x1, y1 pixels",
-               "image_size": IMAGE_SIZE, "images_sha256": {g["image"]: sha256_file(out / g["image"]) for g in gallery}}
+               "image_size": IMAGE_SIZE, "images_sha256": {g["image"]: sha256_file(out / g["image"]) for g in gallery},
+               "manifests_sha256": {f: sha256_file(base / f) for f in ("gallery.jsonl", "queries.jsonl")}}
     summary["record_sha256"] = record_digest(summary)
     atomic_write_text(base / "ambiguous.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
@@ -234,7 +235,9 @@ class AmbiguousAnnotations:
 
 def load_ambiguous(root: str | Path, split: str = "test") -> AmbiguousAnnotations:
     """Boxes and confusers of `<split>-ambiguous` (pass "test", not "test-ambiguous")."""
+    from .verify import _ambiguous_hashes
     base = Path(root) / "benchmarks" / split_name(split) / PROTOCOL
+    _ambiguous_hashes(base / "ambiguous.json")  # its own fields and its two files, where it records them
     recs = read_jsonl(base / "queries.jsonl", required=("id", "box", "confuser"))
     size = int(read_json(base / "ambiguous.json")["image_size"])
     return AmbiguousAnnotations(torch.tensor([r["box"] for r in recs], dtype=torch.float32),

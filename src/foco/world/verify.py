@@ -143,4 +143,8 @@ def _ambiguous_hashes(path: Path) -> dict[str, str]:
     if "record_sha256" in rec and record_digest(rec) != rec["record_sha256"]:
         raise ManifestError(f"{path}: its fields do not match its record_sha256 (edited since it was written); run "
                             "`foco world ambiguous` again into a new --out")
+    for name, digest in (rec.get("manifests_sha256") or {}).items():
+        if sha256_file(path.parent / name) != digest:
+            raise ManifestError(f"{path.parent / name} does not match the sha256 in {path} (edited since it was "
+                                "written); run `foco world ambiguous` again into a new --out")
     return dict(rec.get("images_sha256") or {})

@@ -24,6 +24,11 @@ def export_world_pairs(world: str | Path, split: str, out: str | Path, shard_siz
                         {"key": key, "caption": p.caption, "width": w, "height": h, "status": "success",
                          "world_id": p.id}))
     paths = write_shards(samples, out, shard_size)
+    from ..utils.ownership import removable
+    mine = {p.name for p in paths}
+    for stale in removable(out, ("[0-9][0-9][0-9][0-9][0-9].tar",)):  # an earlier export's, at another size (never
+        if stale.name not in mine:                                     # a file the user held there)
+            stale.unlink()
     last = len(paths) - 1
     return {"samples": len(samples), "shards": len(paths),
             "pattern": str(Path(out) / ("{00000..%05d}.tar" % last if last else "00000.tar"))}
