@@ -116,7 +116,7 @@ def test_the_mapper_reads_the_raw_embedding_by_default_and_old_checkpoints_stay_
     from foco.methods import QueryBatch
 
     class Tower:  # records what the text tower is given
-        def encode_texts_with_tokens(self, texts, embeddings, placeholder="*"):
+        def encode_texts_with_tokens(self, texts, embeddings, placeholder="*", keep=None):
             self.tokens = embeddings
             return TextFeatures(torch.nn.functional.normalize(embeddings, dim=-1), embeddings[:, None], None)
 

@@ -245,7 +245,7 @@ def test_every_writing_command_refuses_a_folder_it_did_not_write(command, tiny_w
 
 def _kind_of(argv) -> str:
     a = build_parser().parse_args([str(x) for x in argv])
-    (kind,) = {out.kind for out in a._rules.writes}  # the command's declared output (foco.cli.rules)
+    (kind,) = {out.kind for out in a._rules.writes if out.dest == "out"}  # its declared --out (foco.cli.rules)
     return kind
 
 

@@ -69,17 +69,12 @@ def resolve_template(template: str, placeholder: str = "*") -> str:
         fields, why = [], str(exc)
     if why is None and (len(fields) != 1 or fields[0] != ("", "", None)):
         why = f"it holds {len(fields)} fields {[f'{{{n}}}' for n, _, _ in fields]}, not one empty {{}}"
-    if why is None and placeholder not in template_prefix_and_suffix(text).split():
-        why = f"no free-standing {placeholder!r} outside {{}}"
+    if why is None and placeholder not in text.split():  # it must tokenize alone: spaces around it
+        why = f"no free-standing {placeholder!r}"
     if why is not None:
         raise ValueError(f"--pic2word-template {template!r} is neither a template name ({', '.join(TEMPLATES)}) nor "
                          f"a text with one '{{}}' and a free-standing {placeholder!r} ({why})")
     return text
-
-
-def template_prefix_and_suffix(text: str) -> str:
-    prefix, _, suffix = text.partition("{}")
-    return f"{prefix} {suffix}"
 
 
 def template_slots(template: str, placeholder: str = "*") -> tuple[int, int]:
