@@ -270,3 +270,75 @@ def test_verify_reads_the_ambiguous_variant_and_its_images(tiny_world, tmp_path,
     images[1].write_bytes(a)
     assert main(["world", "verify", str(world)]) == 2
     assert images[0].name in capsys.readouterr().err
+
+
+# A review's findings (issue 55), each a regression test.
+
+def test_only_rank_zero_writes_the_owner_file(tmp_path, monkeypatch, train_features):
+    argv = ["pic2word", "train", "--features", str(train_features), "--out", str(tmp_path / "p")]
+    monkeypatch.setenv("RANK", "1")
+    enforce(build_parser().parse_args(argv))
+    assert not (tmp_path / "p" / MARKER).exists()
+    monkeypatch.setenv("RANK", "0")
+    enforce(build_parser().parse_args(argv))
+    assert (tmp_path / "p" / MARKER).is_file() and [p.name for p in (tmp_path / "p").iterdir()] == [MARKER]
+
+
+def test_a_rewritten_world_is_continued_from_its_own_source(tiny_world, tmp_path):
+    out = tmp_path / "w2"
+    argv = ["edits", "rewrite", "--root", str(tiny_world), "--out", str(out)]
+    enforce(build_parser().parse_args(argv))  # the first run: its inputs recorded
+    meta = json.loads((tiny_world / "world.json").read_text())
+    (out / "world.json").write_text(json.dumps({**meta, "rewritten_from": str(tiny_world)}))  # as rewrite writes
+    enforce(build_parser().parse_args(argv))  # the rerun (another split) is not refused
+
+
+def test_a_users_files_are_recorded_once_when_foco_first_enters(tmp_path):
+    from foco.utils.ownership import enter_foreign, removable
+    out = _user_folder(tmp_path / "mine", "notes.txt")
+    enter_foreign(out)
+    (out / "00000.tar").write_text("foco's shard")
+    enter_foreign(out)  # a rerun with --force
+    assert json.loads((out / MARKER).read_text())["user_files"] == ["notes.txt"]
+    assert [p.name for p in removable(out, ("[0-9]*.tar",))] == ["00000.tar"]
+
+
+def test_edit_features_may_lie_in_the_commands_own_out(train_features, tmp_path):
+    out = tmp_path / "pact"
+    enforce(build_parser().parse_args(["pact", "train", "--features", str(train_features), "--edits", "e.sqlite",
+                                       "--out", str(out), "--edit-features", str(out / "edit-features")]))
+    assert json.loads((out / "edit-features" / MARKER).read_text())["kind"] == "feature cache"
+
+
+def test_the_trained_split_rule_reads_evals_default_split(tiny_world, tmp_path, capsys):
+    from foco.world.generate import world_fingerprint
+    weights = _weights_trained_on(tmp_path / "ada", world_fingerprint(tiny_world), "val/oacir")
+    _fails(["eval", "--benchmark", "world", "--root", tiny_world, "--methods", "adafocal", "--adafocal", weights],
+           capsys, "--adafocal", "val/oacir", "--split val")
+
+
+def test_the_odd_world_out_is_the_one_named():
+    from foco.cli.provenance import check_same_world
+    inputs = {"--features": {"path": "f", "noun": "features", "worlds": ["a"]},
+              "--world": {"path": "w", "noun": "the world", "worlds": ["a"]},
+              "--edits": {"path": "e", "noun": "edit triplets", "worlds": ["b"]}}
+    with pytest.raises(ValueError, match=r"^--edits e holds edit triplets of world b, another world than --features"):
+        check_same_world(inputs)
+
+
+def test_a_damaged_weights_record_is_left_to_its_reader(tmp_path):
+    from foco.cli.provenance import READERS
+    for bad in ({"provenance": "x"}, {"provenance": {"features": 3}}, [1, 2]):
+        (tmp_path / "foco.json").write_text(json.dumps(bad))
+        assert READERS["weights"](tmp_path) == {}
+
+
+def test_verify_reads_an_ambiguous_variant_an_older_foco_wrote(tiny_world, tmp_path, capsys):
+    world = tmp_path / "w"
+    shutil.copytree(tiny_world, world)
+    assert main(["world", "ambiguous", "--world", str(world), "--queries", "3"]) == 0
+    record = world / "benchmarks" / "test-ambiguous" / "single" / "ambiguous.json"
+    meta = json.loads(record.read_text())
+    record.write_text(json.dumps({k: v for k, v in meta.items()
+                                  if k not in ("images_sha256", "manifests_sha256", "record_sha256")}))
+    assert main(["world", "verify", str(world)]) == 0, capsys.readouterr().err

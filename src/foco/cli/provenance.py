@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
@@ -75,7 +76,9 @@ def _weights(path: Path) -> dict:
     """A trained method's folder: the world and split its training features came from (`trained_on`)."""
     for name in WEIGHT_RECORDS:
         meta = _json(path / name)
-        source = ((meta.get("provenance") or {}).get("features") or {}).get("source")
+        prov = meta.get("provenance")
+        features = prov.get("features") if isinstance(prov, dict) else None
+        source = features.get("source") if isinstance(features, dict) else None
         if isinstance(source, dict) and isinstance(source.get("world"), str) and isinstance(source.get("split"), str):
             return {"trained_on": {"world": source["world"], "split": source["split"]}}
     return {}
@@ -115,15 +118,20 @@ def check_same_world(inputs: dict[str, dict]) -> None:
             raise ValueError(f"{flag} {prov['path']} mixes artifacts of {len(worlds)} worlds: {shown}; use one "
                              f"world's artifacts in one {flag}")
         seen += [(flag, prov, w) for w in worlds]
-    for flag, prov, world in seen[1:]:
-        first_flag, first, first_world = seen[0]
-        if world != first_world:
-            (sf, sp, sw), (of, op, ow) = ((first_flag, first, first_world), (flag, prov, world)) \
-                if first["noun"] == "features" else ((flag, prov, world), (first_flag, first, first_world))
-            raise ValueError(f"{sf} {sp['path']} holds {sp['noun']} of world {sw}, another world than {of} "
-                             f"{op['path']} ({op['noun']} of world {ow}): one command reads one world's artifacts "
-                             f"(their ids name different images); make both from the same world, or name the "
-                             f"matching {sf}")
+    votes = Counter(w for _, _, w in seen)
+    if len(votes) > 1:
+        top = votes.most_common()
+        if top[0][1] > top[1][1]:  # most inputs agree: the odd one out is named
+            major = top[0][0]
+            odd = next(s for s in seen if s[2] != major)
+            (sf, sp, sw), (of, op, ow) = odd, next(s for s in seen if s[2] == major)
+        else:  # two disagree: the features are named (they are what another world's ids would be read from)
+            first, other = seen[0], next(s for s in seen if s[2] != seen[0][2])
+            (sf, sp, sw), (of, op, ow) = (first, other) if first[1]["noun"] == "features" else (other, first)
+        raise ValueError(f"{sf} {sp['path']} holds {sp['noun']} of world {sw}, another world than {of} "
+                         f"{op['path']} ({op['noun']} of world {ow}): one command reads one world's artifacts "
+                         f"(their ids name different images); make both from the same world, or name the "
+                         f"matching {sf}")
 
 
 def check_split_apart(a: argparse.Namespace, rules, inputs: dict[str, dict]) -> None:
@@ -131,7 +139,7 @@ def check_split_apart(a: argparse.Namespace, rules, inputs: dict[str, dict]) -> 
     if rules.evaluates is None:
         return
     world_dest, split_dest = rules.evaluates
-    split = getattr(a, split_dest, None)
+    split = getattr(a, split_dest, None) or ("test" if getattr(a, "world", None) else "val")  # eval's defaults
     world = next((p["worlds"] for p in inputs.values() if p.get("worlds")), None)
     if not split or not world:
         return
@@ -155,8 +163,8 @@ def check_rerun(a: argparse.Namespace, out, inputs: dict[str, dict]) -> None:
     if not now:
         return
     made = {w for p in recorded_inputs(folder).values() if isinstance(p, dict) for w in p.get("worlds") or []}
-    if out.kind == "world":
-        made |= set(_world(folder).get("worlds", []))
+    if not made and out.kind == "world" and "rewritten_from" not in _json(folder / "world.json"):
+        made = set(_world(folder).get("worlds", []))  # another world's own folder (no inputs recorded there)
     other = sorted(made - now)
     if other:
         raise ValueError(f"{out.flag} {folder} was made from world {other[0]}, not from this run's "

@@ -116,16 +116,29 @@ def enforce(a: argparse.Namespace) -> Claimed:
         check_writable(getattr(a, dest, None), _flag_in(a, dest))
     check_same_world(inputs)
     check_split_apart(a, rules, inputs)
-    return _claim_outputs(a, rules, inputs)
+    claimed = Claimed()
+    try:
+        _claim_outputs(a, rules, inputs, claimed)
+    except BaseException:
+        claimed.undo_empty()  # a refusal leaves no folder of its own behind
+        raise
+    return claimed
 
 
-def _claim_outputs(a: argparse.Namespace, rules: Rules, inputs: dict) -> Claimed:
+def main_rank() -> bool:
+    """Whether this process writes a run's owner files: one process alone, or rank 0 under torchrun (the other
+    ranks check the same rules and write nothing there)."""
+    import os
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _claim_outputs(a: argparse.Namespace, rules: Rules, inputs: dict, claimed: Claimed) -> None:
     from ..utils.io import WriteError, unwritable_reason
     from ..utils.ownership import (check_folder, check_kind, enter_foreign, is_empty_or_owned, mark_folder,
                                    record_inputs)
     from .provenance import check_rerun
-    claimed = Claimed()
     force = getattr(a, "force", False)
+    mine: list[Path] = []  # the folders this command claimed: another of its outputs may lie inside one
     for out in rules.writes:
         value = getattr(a, out.dest, None)
         if not value:
@@ -135,11 +148,14 @@ def _claim_outputs(a: argparse.Namespace, rules: Rules, inputs: dict) -> Claimed
         if why:
             raise WriteError(f"{out.flag} {folder}: cannot write there ({why}); choose a writable {out.flag}")
         if out.kind:
-            check_kind(folder, out.kind, command_name(a), out.flag)
+            check_kind(folder, out.kind, command_name(a), out.flag, inside=tuple(mine))
         foreign = not is_empty_or_owned(folder, out.signature)
         check_folder(folder, out.signature, force, out.flag)
         check_rerun(a, out, inputs)
         existed = folder.exists()
+        mine.append(folder.resolve())
+        if not main_rank():
+            continue
         try:
             if foreign:
                 enter_foreign(folder)  # stays the user's: the next command needs --force again
@@ -152,7 +168,6 @@ def _claim_outputs(a: argparse.Namespace, rules: Rules, inputs: dict) -> Claimed
                              f"{out.flag}") from None
         if not existed:
             claimed.created.append(folder)
-    return claimed
 
 
 def check_writable(path: str | Path | None, flag: str) -> None:

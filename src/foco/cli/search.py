@@ -102,6 +102,8 @@ def _search(a: argparse.Namespace) -> int:
     from ..search.engine import Limits, Query, SearchEngine
     engine = SearchEngine.open(a.index, limits=Limits(max_k=max(a.k, 100)), box_beta=a.box_beta, device=device(a),
                                **weights(a))
+    for reason in engine.refused.values():
+        print(f"foco search: refused {reason}", file=sys.stderr)
     box = None
     if a.box:
         from ..utils.parse import parse_box

@@ -80,7 +80,11 @@ def resolve_template(template: str, placeholder: str = "*") -> str:
 def template_slots(template: str, placeholder: str = "*") -> tuple[int, int]:
     """(first, last): the template's placeholders before and after its `{}`, the only slots of the pseudo word in
     a query (`foco.backbones.pseudo.placeholder_slots`): a `*` the user typed stays a `*`."""
-    prefix, _, suffix = template.partition("{}")
+    import string
+    parts = list(string.Formatter().parse(template))  # (literal, field, spec, conversion): `{{` read as a brace
+    at = next(i for i, (_, name, _, _) in enumerate(parts) if name is not None)
+    prefix = "".join(lit for lit, *_ in parts[:at + 1])
+    suffix = "".join(lit for lit, *_ in parts[at + 1:])
     return prefix.split().count(placeholder), suffix.split().count(placeholder)
 
 

@@ -24,7 +24,11 @@ from pathlib import Path
 from typing import Iterable
 
 MARKER = ".foco-owner.json"
-OWN = (MARKER, f".{MARKER}.tmp")  # the owner file, and its temporary copy a kill may leave mid-write
+
+
+def _own(name: str) -> bool:
+    """The owner file, or a temporary copy of it a kill may leave mid-write (one per process: `_write`)."""
+    return name == MARKER or (name.startswith(f".{MARKER}.") and name.endswith(".tmp"))
 
 # Each kind of output folder and the files by which a folder of that kind is recognised (`owned`'s signatures,
 # without what several kinds share, such as a training state).
@@ -66,13 +70,16 @@ def folder_kind(folder: str | Path) -> str | None:
     return next((kind for kind, sigs in KINDS.items() if any(_matches(folder, s) for s in sigs)), None)
 
 
-def check_kind(folder: str | Path, kind: str, command: str, flag: str = "--out") -> None:
+def check_kind(folder: str | Path, kind: str, command: str, flag: str = "--out",
+               inside: tuple[Path, ...] = ()) -> None:
     """Refuses a `folder` of foco's that holds another kind of artifact than `kind`, the one `command` writes: the
     true reason, before anything is written (`--force` does not lift it: foco never mixes two artifacts in a
     folder). A user's folder that foco wrote into with --force stays the user's: `check_folder` speaks for it."""
     if kind not in KINDS:
         raise ValueError(f"unknown artifact kind {kind!r}; known: {', '.join(KINDS)}")
     for parent in Path(folder).resolve().parents:  # an artifact is never written inside another one
+        if parent in inside:  # but for the command's own output (a trainer's OUT/edit-features)
+            continue
         outer = folder_kind(parent)
         if outer is not None and outer not in CONTAINERS and outer != kind:
             raise FileExistsError(f"{flag} {folder} is inside {parent}, which holds a {outer}; `foco {command}` "
@@ -141,7 +148,7 @@ def is_empty_or_owned(folder: str | Path, signature: Iterable[str] = ()) -> bool
     folder = Path(folder)
     if not folder.is_dir():
         return True
-    return not [p for p in folder.iterdir() if p.name not in OWN] or owned(folder, signature)
+    return not [p for p in folder.iterdir() if not _own(p.name)] or owned(folder, signature)
 
 
 def mark_folder(folder: str | Path, command: str, kind: str | None = None) -> None:
@@ -168,7 +175,7 @@ def check_folder(folder: str | Path, signature: Iterable[str] = (), force: bool 
     if folder.exists() and not folder.is_dir():
         raise FileExistsError(f"{flag} {folder} is a file, not a folder; choose another {flag}")
     if folder.is_dir():
-        foreign = [p.name for p in sorted(folder.iterdir()) if p.name not in OWN]
+        foreign = [p.name for p in sorted(folder.iterdir()) if not _own(p.name)]
         if foreign and not owned(folder, signature) and not force:
             shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
             raise FileExistsError(f"{flag} {folder} holds files foco did not write ({shown}); choose a new or empty "
@@ -183,9 +190,9 @@ def enter_foreign(folder: str | Path) -> None:
     them."""
     folder = Path(folder)
     meta = _read(folder)
-    if meta.get("command"):
+    if meta.get("command") or "user_files" in meta:  # recorded when foco first entered: later entries keep it
         return
-    held = {p.name for p in folder.iterdir() if p.name not in OWN} if folder.is_dir() else set()
+    held = {p.name for p in folder.iterdir() if not _own(p.name)} if folder.is_dir() else set()
     _write(folder, {"owner": "user", "files": meta.get("files", []), **meta,
                     "user_files": sorted(set(meta.get("user_files", [])) | (held - set(meta.get("files", []))))})
 
@@ -198,7 +205,7 @@ def removable(folder: str | Path, patterns: Iterable[str] = RUN_OUTPUTS) -> list
     if not folder.is_dir():
         return []
     users = set(_read(folder).get("user_files", []))
-    return [p for p in sorted(folder.iterdir()) if p.name not in OWN and p.name not in users
+    return [p for p in sorted(folder.iterdir()) if not _own(p.name) and p.name not in users
             and any(fnmatch(p.name, pat) for pat in patterns)]
 
 
@@ -239,6 +246,6 @@ def record_outputs(folder: str | Path, outputs: Iterable[str | Path]) -> None:
 
 
 def _write(folder: Path, meta: dict) -> None:
-    tmp = folder / f".{MARKER}.tmp"
+    tmp = folder / f".{MARKER}.{os.getpid()}.tmp"  # one per process: ranks of one run never share a temp file
     tmp.write_text(json.dumps(meta, indent=1) + "\n")
     os.replace(tmp, folder / MARKER)

@@ -19,7 +19,8 @@ def verify_world(root: str | Path) -> dict:
     _check_manifests(root, summary)
     images: list[Path] = []
     restaged: dict[str, str] = {}  # relative path -> sha256, from each restaged.json
-    oacir: dict[str, str] = {}  # relative path -> sha256, from each oacir.json
+    oacir: dict[str, str] = {}  # relative path -> sha256, from each oacir.json (and ambiguous.json)
+    unhashed: set[str] = set()  # images whose record lists no sha256 (an older foco's): decoded only
     counts = {}
     for split in PAIR_SPLITS:
         pairs = load_pairs(root, split)
@@ -49,15 +50,17 @@ def verify_world(root: str | Path) -> dict:
             b = load_benchmark(root, part, "single")
             counts[f"{part}/single"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
             images += b.gallery_images
-            oacir.update(_ambiguous_hashes(root / "benchmarks" / part / "single" / "ambiguous.json"))
+            own = _ambiguous_hashes(root / "benchmarks" / part / "single" / "ambiguous.json")
+            oacir.update(own)
+            if not own:  # a record an older foco wrote: its images are decoded, not hashed
+                unhashed.update(p.relative_to(root).as_posix() for p in b.gallery_images if p.is_relative_to(root))
     if (root / "benchmarks" / "train" / OACIR).exists():  # OACIR's training split (AdaFocal reads it)
         b = load_benchmark(root, "train", OACIR)
         counts["train/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
         images += b.gallery_images
         oacir.update(oacir_image_hashes(root, "train"))
-    hashes = _read_hashes(root)
-    if hashes is not None or oacir:
-        hashes = {**(hashes or {}), **restaged, **oacir}
+    world_hashes = _read_hashes(root)
+    hashes = None if world_hashes is None and not oacir else {**(world_hashes or {}), **restaged, **oacir}
     bad = []
     for path in progress(images, desc="decoding and hashing images"):
         try:
@@ -66,7 +69,7 @@ def verify_world(root: str | Path) -> dict:
             bad.append(str(exc))
             continue
         rel = path.relative_to(root).as_posix() if path.is_relative_to(root) else str(path)
-        if hashes is not None:
+        if hashes is not None and rel not in unhashed and (world_hashes is not None or rel in hashes):
             want = hashes.get(rel)
             if want is None:
                 bad.append(f"{path}: not listed in {root / HASHES} (nor in a restaged.json)")
