@@ -138,6 +138,9 @@ def main() -> None:
     ap.add_argument("--method", default="foco", choices=("foco", "pic2word", "lincir"),
                     help="pic2word, lincir: train that baseline with its command's defaults (and --seed) on the "
                          "training folder instead, then score it (the data-scale curve)")
+    ap.add_argument("--baseline-args", default="",
+                    help="with --method pic2word or lincir: flags passed to its train command (the tuning budget's "
+                         "settings, e.g. '--epochs 6'), recorded in diagnosis.json")
     ap.add_argument("--protocols", default=",".join(PROTOCOLS))
     ap.add_argument("--train-run", default=None,
                     help="train on this folder's world/ and features/train instead (a world generated with "
@@ -176,7 +179,7 @@ def main() -> None:
     if a.train_run:
         _check_same_benchmarks(src / "world", run / "world")
     if a.method != "foco":
-        _baseline(a.method, src, out, a.seed, val, test)
+        _baseline(a.method, src, out, a.seed, val, test, tuple(a.baseline_args.split()))
         return
     table = build_pair_table(src / "features" / "train",
                              {p.id: p.decomposition for p in load_pairs(src / "world", "train")})
@@ -204,8 +207,10 @@ def main() -> None:
     print(json.dumps({k: res[k] for k in ("val", "test", "train_s")}))
 
 
-def _baseline(method: str, src: Path, out: Path, seed: int, val: ValCurve, test: ValCurve) -> None:
-    """A baseline trained by its own command with its defaults on `src`'s training split, then scored."""
+def _baseline(method: str, src: Path, out: Path, seed: int, val: ValCurve, test: ValCurve,
+              extra: tuple[str, ...] = ()) -> None:
+    """A baseline trained by its own command on `src`'s training split (its defaults, and `extra` flags: the
+    tuning budget's settings, e.g. --epochs 6), then scored."""
     from foco.cli import main as foco
     t = time.time()
     if method == "pic2word":
@@ -213,12 +218,13 @@ def _baseline(method: str, src: Path, out: Path, seed: int, val: ValCurve, test:
     else:
         argv = ["lincir", "train", "--world", src / "world", "--split", "train", "--backbone", "world:vit",
                 "--out", out / "model", "--seed", seed]
+    argv += list(extra)
     if foco([str(x) for x in argv]) != 0:
         raise SystemExit(f"foco {' '.join(map(str, argv))} failed")
     from foco.backbones import create_backbone
     m = build_method(method, **{method: out / "model"}, backbone=create_backbone("world:vit"))
-    res = {"method": method, "seed": seed, "train_s": round(time.time() - t, 1), "val": val.score(m),
-           "test": test.score(m)}
+    res = {"method": method, "seed": seed, "args": list(extra), "train_s": round(time.time() - t, 1),
+           "val": val.score(m), "test": test.score(m)}
     atomic_write_text(out / "diagnosis.json", json.dumps(res, indent=1) + "\n")
     print(json.dumps(res))
 
