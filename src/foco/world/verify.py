@@ -34,11 +34,6 @@ def verify_world(root: str | Path) -> dict:
         if (root / "benchmarks" / split / "described").exists():  # `foco world describe` wrote one: checked too
             b = load_benchmark(root, split, "described")  # described.json against the world and the files
             counts[f"{split}/described"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
-        if (root / "benchmarks" / split / OACIR).exists():  # `foco world oacir` wrote one: its images too
-            b = load_benchmark(root, split, OACIR)  # oacir.json against itself, the world and its files
-            counts[f"{split}/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
-            images += b.gallery_images
-            oacir.update(oacir_image_hashes(root, split))
         if (root / "benchmarks" / split / "restaged").exists():  # `foco world restage` wrote one: its pictures too
             b = load_benchmark(root, split, "restaged")  # restaged.json against the world and the files
             counts[f"{split}/restaged"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
@@ -54,11 +49,12 @@ def verify_world(root: str | Path) -> dict:
             oacir.update(own)
             if not own:  # a record an older foco wrote: its images are decoded, not hashed
                 unhashed.update(p.relative_to(root).as_posix() for p in b.gallery_images if p.is_relative_to(root))
-    if (root / "benchmarks" / "train" / OACIR).exists():  # OACIR's training split (AdaFocal reads it)
-        b = load_benchmark(root, "train", OACIR)
-        counts["train/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
-        images += b.gallery_images
-        oacir.update(oacir_image_hashes(root, "train"))
+    for split in ("train", *BENCH_SPLITS):  # `foco world oacir` wrote one (train: AdaFocal's): its images too
+        if (root / "benchmarks" / split / OACIR).exists():
+            b = load_benchmark(root, split, OACIR)  # oacir.json against itself, the world and its files
+            counts[f"{split}/oacir"] = {"queries": len(b.query_ids), "gallery": len(b.gallery_ids)}
+            images += b.gallery_images
+            oacir.update(oacir_image_hashes(root, split))
     world_hashes = _read_hashes(root)
     hashes = None if world_hashes is None and not oacir else {**(world_hashes or {}), **restaged, **oacir}
     bad = []
