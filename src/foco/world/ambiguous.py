@@ -20,7 +20,6 @@ are therefore drawn independently (separate seeds), not excluded from each other
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +32,7 @@ from ..utils.progress import progress
 from .benchmark import SUBSET_SIZE, Benchmark, GalleryItem, Query, _settle_ground_truth, _shuffle_ids
 from .captions import article
 from .edits import Edit, apply_edit, hard_negative_edits, sample_edit
-from .generate import _bench_records, _dump_jsonl, _render_job, _split_rng
+from .generate import _bench_records, _dump_jsonl, _render_job, _split_rng, start_plan
 from .manifest import record_digest
 from .render import SUPERSAMPLE
 from .scene import MAX_JITTER, Scene, WorldObject, sample_object, sample_scene
@@ -202,12 +201,7 @@ def generate_ambiguous_split(world: str | Path, split: str = "test", n_queries: 
         rec["confuser"] = by_layout[extras[rec["id"]].confuser.layout_key()]
     base.mkdir(parents=True, exist_ok=True)
     (base / "ambiguous.json").unlink(missing_ok=True)  # no record while the folder changes
-    plan = hashlib.sha256(json.dumps(gallery, sort_keys=True).encode()).hexdigest()
-    folder = (out / gallery[0]["image"]).parent if gallery else out / "images" / f"{part}-{PROTOCOL}"
-    if not ((base / ".plan").is_file() and (base / ".plan").read_text().strip() == plan):
-        for old in sorted(folder.glob("*.png")):  # drawn for another plan: never kept under the new records
-            old.unlink()
-    atomic_write_text(base / ".plan", plan + "\n")  # before the first image: a killed run resumes this plan
+    start_plan(base, out / "images" / f"{part}-{PROTOCOL}", gallery)  # before the first image
     jobs = [(str(out / g["image"]), g["scene"], None) for g in gallery if not (out / g["image"]).exists()]
     if jobs:
         (out / gallery[0]["image"]).parent.mkdir(parents=True, exist_ok=True)

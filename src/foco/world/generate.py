@@ -271,3 +271,15 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
     atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (out / IN_PROGRESS).unlink(missing_ok=True)  # world.json now records the config
     return summary
+
+
+def start_plan(base: Path, images: Path, gallery: list[dict]) -> None:
+    """Before a protocol's first image is rendered: keeps the images in `images` only when `base`/.plan names this
+    gallery (a killed run resumes it); images drawn for another plan (another count, or a foco that recorded
+    none) are removed, never kept under the new records. Then records the plan."""
+    import hashlib
+    plan = hashlib.sha256(json.dumps(gallery, sort_keys=True).encode()).hexdigest()
+    if not ((base / ".plan").is_file() and (base / ".plan").read_text().strip() == plan):
+        for old in sorted(images.rglob("*.png")):
+            old.unlink()
+    atomic_write_text(base / ".plan", plan + "\n")

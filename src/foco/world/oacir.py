@@ -47,7 +47,6 @@ and instance ids, `oacir_statistics` what the gallery holds per query. Same worl
 """
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -60,7 +59,7 @@ from ..utils.progress import progress
 from .ambiguous import object_box
 from .benchmark import GalleryItem
 from .edits import Edit
-from .generate import _dump_jsonl, _render_job, _split_rng, world_fingerprint
+from .generate import _dump_jsonl, _render_job, _split_rng, start_plan, world_fingerprint
 from .manifest import OACIR, OACIR_FILES, OACIR_RECORD, check_oacir, load_benchmark, record_digest
 from .scene import MAX_JITTER, Scene, WorldObject, sample_scene
 from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, MARKS, SHAPES, SIZE_COMPARATIVE, SIZES
@@ -68,7 +67,6 @@ from .vocab import BACKGROUNDS, COLOURS, GRID, IMAGE_SIZE, MARKS, SHAPES, SIZE_C
 PROTOCOL = OACIR
 RECORD = OACIR_RECORD
 FILES = OACIR_FILES
-PLAN = ".plan"  # the fingerprint of the gallery being rendered (resume only the same plan)
 SPLITS = ("train", "val", "test")
 PLAN_ORDER = ("test", "val", "train")  # each split excludes the layouts of those before it
 DOMAIN = "shapes"
@@ -371,11 +369,7 @@ def generate_oacir(world: str | Path, splits: tuple[str, ...] = SPLITS, n_querie
         base = out / "benchmarks" / split / PROTOCOL
         (base / "images").mkdir(parents=True, exist_ok=True)
         (base / RECORD).unlink(missing_ok=True)  # no record while the folder changes: readers refuse it meanwhile
-        plan = hashlib.sha256(json.dumps(gallery, sort_keys=True).encode()).hexdigest()
-        same_plan = (base / PLAN).is_file() and (base / PLAN).read_text().strip() == plan
-        for old in [] if same_plan else sorted((base / "images").rglob("*.png")):
-            old.unlink()  # drawn for another plan (or by a foco that recorded none): never kept under new records
-        atomic_write_text(base / PLAN, plan + "\n")  # before the first image: a killed run resumes this plan
+        start_plan(base, base / "images", gallery)  # before the first image: a killed run resumes this plan
         jobs = [(str(out / g["image"]), g["scene"], None) for g in gallery if not (out / g["image"]).exists()]
         for job in progress(jobs, desc=f"rendering {split}/oacir"):
             _render_job(job)
