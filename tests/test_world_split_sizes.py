@@ -9,6 +9,7 @@ import pytest
 
 from foco.world.generate import config_record, plan_world, world_config
 from foco.world.scene import Scene
+from foco.world.vocab import MARK_PHRASES, MARKS
 
 
 @pytest.fixture(scope="module")
@@ -56,3 +57,41 @@ def test_the_cli_bounds_the_counts(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main(["world", "generate", "--out", str(tmp_path / "w"), "--train-pairs", "2000000"])
     assert "--train-pairs" in capsys.readouterr().err
+
+
+def _strip_marks(scene: dict) -> dict:
+    return {**scene, "objects": [{k: v for k, v in o.items() if k != "mark"} for o in scene["objects"]]}
+
+
+def test_pretraining_marks_touch_only_the_pretraining_split(tiny_plan):
+    """Issue 56: marks on a share of the pretraining shapes, named by a share of the captions; the scenes are the
+    preset's apart from their marks, the other words of every caption stay, and every other split is the same."""
+    marked = plan_world(world_config("tiny", pretrain=900, pretrain_marks=0.5, mark_captions=0.5))
+    assert all(marked[n] == r for n, r in tiny_plan.items() if n != "pairs/pretrain.jsonl")
+    recs, before = marked["pairs/pretrain.jsonl"], tiny_plan["pairs/pretrain.jsonl"]
+    assert [_strip_marks(r["scene"]) for r in recs[:600]] == [r["scene"] for r in before]
+    shapes = [o for r in recs for o in r["scene"]["objects"] if o.get("stamp") is None]
+    assert 0.45 < sum("mark" in o for o in shapes) / len(shapes) < 0.55
+    assert set(o["mark"] for o in shapes if "mark" in o) == set(MARKS)
+    named = [r for r in recs if any(f"with {MARK_PHRASES[o['mark']]}" in r["caption"]
+                                    for o in r["scene"]["objects"] if "mark" in o)]
+    with_marks = [r for r in recs if any("mark" in o for o in r["scene"]["objects"])]
+    assert 0.3 < len(named) / len(with_marks) < 0.6  # about half the captions that mention a marked shape
+    for r, b in zip(recs[:600], before):  # a detail caption names one marked shape alone; any other is the preset's
+        if r in named:
+            (pair,) = r["decomposition"]["pairs"]
+            obj = r["scene"]["objects"][int(r["grounding"][0].split(":")[1])]
+            assert pair["local"].endswith(f"{obj['kind']} with {MARK_PHRASES[obj['mark']]}")
+            assert pair["local"] in r["caption"] and pair["context"] == "an empty scene"
+        else:
+            assert r["caption"] == b["caption"] and r["decomposition"] == b["decomposition"]
+
+
+def test_marks_are_recorded_only_where_set_and_checked():
+    assert "pretrain_marks" not in config_record(world_config("default"))
+    rec = config_record(world_config("default", pretrain_marks=0.5, mark_captions=0.25))
+    assert rec["pretrain_marks"] == 0.5 and rec["mark_captions"] == 0.25
+    with pytest.raises(ValueError, match="--pretrain-marks"):
+        world_config("tiny", mark_captions=0.5)
+    with pytest.raises(ValueError, match="--mark-captions"):
+        world_config("tiny", pretrain_marks=0.5, mark_captions=1.5)

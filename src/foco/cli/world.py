@@ -24,7 +24,8 @@ def split_pairs(v: str) -> int:
 def _generate(a: argparse.Namespace) -> int:
     from ..world.generate import generate_world, world_config
     counts = {k: v for k, v in (("pretrain", a.pretrain_pairs), ("train", a.train_pairs)) if v is not None}
-    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps, partial_captions=not a.exhaustive_captions, **counts)
+    cfg = world_config(a.size, seed=a.seed, stamps_dir=a.stamps, partial_captions=not a.exhaustive_captions,
+                       pretrain_marks=a.pretrain_marks, mark_captions=a.mark_captions, **counts)
     out = Path(a.out)
     t0 = time.time()
     summary = generate_world(out, cfg)
@@ -134,6 +135,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "size's, so a data-scale curve compares training sets on one val and test")
     g.add_argument("--exhaustive-captions", action="store_true",
                    help="every training caption names every object and the background (default: some are partial)")
+    g.add_argument("--pretrain-marks", type=unit_float, default=0.0,
+                   help="share of the pretraining split's shapes that carry an instance mark, drawn as OACIR draws "
+                        "them (default 0: none). Only the pretraining split changes; world.json records the share")
+    g.add_argument("--mark-captions", type=unit_float, default=0.0,
+                   help="share of pretraining captions that name the marks of the shapes they mention ('a red "
+                        "circle with a ring'; default 0). Needs --pretrain-marks above 0")
     g.set_defaults(func=_generate)
     declare(g, reads={"stamps": "images"})
     _register_variants(world)

@@ -124,6 +124,15 @@ def _clip_step(model: WorldCLIP, images: torch.Tensor, states: torch.Tensor, mas
     return step
 
 
+def _world_record(world: Path) -> dict:
+    """What the backbone was pretrained on: the world's config (its pretraining split's size and, since issue 56,
+    its marks) and the marks' realised shares, from world.json."""
+    from ..records import read
+    rec = read("world.json", world / "world.json")
+    return {"world_config": rec["config"], **({"pretrain_marks": rec["pretrain_marks"]} if "pretrain_marks" in rec
+                                              else {})}
+
+
 def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainConfig = BackboneTrainConfig(),
                          resume: bool = True) -> dict:
     """Trains, saves to `out` (model.safetensors + config.json), evaluates on backbone_val; returns the metrics.
@@ -156,8 +165,8 @@ def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainC
             backbone = WorldBackbone(model, str(out), device)
             metrics = result["metrics"] = {**evaluate_backbone(backbone, world), "train_seconds": round(train_s, 1)}
             save_world_checkpoint(model, out, extra={**recorded_settings(history), "precision": cfg.precision,
-                                                      "world": str(Path(world).resolve()), "metrics": metrics,
-                                                      "provenance": provenance()})
+                                                      "world": str(Path(world).resolve()), **_world_record(world),
+                                                      "metrics": metrics, "provenance": provenance()})
             atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2) + "\n")
         return Plan(model, [phase], loop, save)
     train_run(ctx, build, resume, refuse=False)

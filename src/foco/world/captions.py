@@ -12,7 +12,7 @@ import numpy as np
 
 from ..decompose.schema import Decomposition, LocalContextPair
 from .scene import Scene, WorldObject
-from .vocab import BACKGROUNDS
+from .vocab import BACKGROUNDS, MARK_PHRASES
 
 # Sentence templates: {objs} is an object list, {bg} a background phrase. The first letter is capitalised
 # only by template 2, whose sentence starts with the background.
@@ -43,10 +43,12 @@ def article(phrase: str) -> str:
     return ("an " if phrase[0] in "aeiou" else "a ") + phrase
 
 
-def object_phrase(obj: WorldObject) -> str:
-    """ "a large red circle"; stamps have no colour word: "a small cat". """
+def object_phrase(obj: WorldObject, name_mark: bool = False) -> str:
+    """ "a large red circle"; stamps have no colour word: "a small cat". With `name_mark`, a marked shape's mark
+    follows: "a large red circle with a ring" (pretraining captions only, `WorldConfig.mark_captions`)."""
     words = [obj.size] + ([obj.colour] if obj.colour else []) + [obj.kind]
-    return article(" ".join(words))
+    phrase = article(" ".join(words))
+    return f"{phrase} with {MARK_PHRASES[obj.mark]}" if name_mark and obj.mark is not None else phrase
 
 
 def join_list(items: list[str]) -> str:
@@ -59,6 +61,8 @@ def render_caption(object_phrases: list[str], bg_phrase: str | None, template: i
     """One sentence from a template. With no background phrase, only the object list remains."""
     be = "is" if len(object_phrases) == 1 else "are"
     if bg_phrase is None:
+        if not object_phrases:  # the context of a detail caption's one shape (issue 56); no other caption has it
+            return EMPTY_TEMPLATE.split(" {bg}")[0]
         return TEMPLATES_NO_BG[template].format(objs=join_list(object_phrases), be=be)
     if not object_phrases:
         return EMPTY_TEMPLATE.format(bg=bg_phrase)
@@ -84,9 +88,11 @@ class CaptionChoice:
                 self.bg_phrase = None
 
 
-def caption_scene(scene: Scene, choice: CaptionChoice) -> tuple[str, Decomposition, list[str]]:
-    """Returns the caption, its oracle decomposition, and what each pair grounds ("object:<i>" / "background")."""
-    phrases = [object_phrase(scene.objects[i]) for i in choice.order]
+def caption_scene(scene: Scene, choice: CaptionChoice, name_marks: bool = False
+                  ) -> tuple[str, Decomposition, list[str]]:
+    """Returns the caption, its oracle decomposition, and what each pair grounds ("object:<i>" / "background").
+    With `name_marks`, every mentioned shape that carries a mark is named with it."""
+    phrases = [object_phrase(scene.objects[i], name_marks) for i in choice.order]
     caption = render_caption(phrases, choice.bg_phrase, choice.template)
     pairs, grounds = [], []
     for pos, i in enumerate(choice.order):

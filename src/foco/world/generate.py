@@ -31,7 +31,7 @@ from .captions import CaptionChoice, caption_scene
 from .render import render_scene
 from .scene import Scene, Stamp, sample_scene
 from .stamps import load_stamps
-from .vocab import BACKGROUNDS, COLOURS, IMAGE_SIZE, SHAPES, SIZES
+from .vocab import BACKGROUNDS, COLOURS, IMAGE_SIZE, MARK_PHRASES, MARKS, SHAPES, SIZES
 
 log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
@@ -56,6 +56,13 @@ class WorldConfig:
     stamps_dir: str | None = None  # folder of captioned cutouts (tuxpaint-stamps layout); None: shapes only
     stamp_prob: float = 0.3  # chance that an object is a stamp when stamps are given
     partial_captions: bool = True  # training captions may leave out objects or the background, as alt-text does
+    # Issue 56: the share of the pretraining split's procedural shapes that carry an instance mark (`vocab.MARKS`,
+    # drawn as OACIR draws them), and the share of pretraining captions that name the marks of the shapes they
+    # mention. Both 0 (the presets): the pretraining split is what it always was. Only the pretraining split is
+    # touched: its marks come from their own random stream, so the scenes, captions' other words and every other
+    # split stay the same scene for scene.
+    pretrain_marks: float = 0.0
+    mark_captions: float = 0.0
     # (pretrain, train) counts drawn in the preset's order, interleaved with the other splits; set when a count was
     # changed (`world_config`): a larger split draws its extra pairs after every other split, a smaller one keeps
     # the first records, so that every other split (val, test, backbone_val) is the preset's, scene for scene.
@@ -81,6 +88,12 @@ def world_config(size: str = "default", seed: int = 0, **overrides) -> WorldConf
         if getattr(cfg, split) < 1:
             raise ValueError(f"the {split} split needs at least 1 pair, got {getattr(cfg, split)} "
                              f"(--{split}-pairs)")
+    for name, flag in (("pretrain_marks", "--pretrain-marks"), ("mark_captions", "--mark-captions")):
+        if not 0.0 <= getattr(cfg, name) <= 1.0:
+            raise ValueError(f"{flag} is a share from 0 to 1, got {getattr(cfg, name)}")
+    if cfg.mark_captions > 0 and cfg.pretrain_marks == 0:
+        raise ValueError(f"--mark-captions {cfg.mark_captions} names marks, but --pretrain-marks is 0, so no "
+                         "pretraining shape carries one: give --pretrain-marks a share above 0")
     if (cfg.pretrain, cfg.train) != (preset.pretrain, preset.train) and cfg.base_counts is None:
         cfg = replace(cfg, base_counts=(preset.pretrain, preset.train))
     return cfg
@@ -92,6 +105,9 @@ def config_record(cfg: WorldConfig) -> dict:
     rec = json.loads(json.dumps(asdict(cfg)))
     if rec.get("base_counts") is None:
         rec.pop("base_counts", None)
+    for key in ("pretrain_marks", "mark_captions"):  # recorded where set, so a world without marks records as before
+        if not rec.get(key):
+            rec.pop(key, None)
     return rec
 
 
@@ -99,18 +115,49 @@ def _split_rng(seed: int, name: str) -> np.random.Generator:
     return np.random.default_rng([seed, sum(ord(c) * 31 ** i for i, c in enumerate(name)) % (2 ** 31)])
 
 
+@dataclass(frozen=True)
+class MarkRule:
+    """Marks on a pairs split (issue 56): each procedural shape carries a mark with probability `marked`; a caption
+    that mentions a marked shape becomes, with probability `named`, a detail caption: it names that one shape with
+    its mark and nothing else ("a photo showing a small red star with a dot"), as a product's alt-text names the item
+    and its logo. Every draw comes from `rng`, a stream of its own, so the split's scenes and the other splits are
+    what they are without marks, and a caption that names no mark is the one it was."""
+
+    rng: np.random.Generator
+    marked: float
+    named: float
+
+    def apply(self, scene: Scene) -> Scene:
+        objs = tuple(replace(o, mark=str(self.rng.choice(MARKS))) if o.stamp is None and self.rng.random() < self.marked
+                     else o for o in scene.objects)
+        return Scene(scene.background, objs)
+
+    def detail(self, scene: Scene, choice: CaptionChoice) -> bool:
+        """Whether the caption names a mark; if so, `choice` is narrowed to the first marked shape it mentions."""
+        shown = [i for i in choice.order if scene.objects[i].mark is not None]
+        if not shown or not self.rng.random() < self.named:
+            return False
+        choice.order, choice.bg_phrase = shown[:1], None
+        return True
+
+
 def _pair_records(rng: np.random.Generator, split: str, n: int, taken: set, forbidden_semantic: set,
                   unique_semantic: bool, stamps: list[Stamp], stamp_prob: float, partial: bool,
-                  start: int = 0) -> list[dict]:
+                  start: int = 0, marks: MarkRule | None = None) -> list[dict]:
     records, semantic_seen = [], set()
     while len(records) < n:
         scene = sample_scene(rng, stamps, stamp_prob)
         key, sem = scene.layout_key(), scene.semantic_key()
         if key in taken or sem in forbidden_semantic or (unique_semantic and sem in semantic_seen):
             continue
-        taken.add(key)
+        taken.add(key)  # the unmarked scene's key: what the other splits are drawn against is as without marks
         semantic_seen.add(sem)
-        caption, decomposition, grounds = caption_scene(scene, CaptionChoice(rng, scene, partial=partial))
+        choice = CaptionChoice(rng, scene, partial=partial)
+        named = False
+        if marks is not None:
+            scene = marks.apply(scene)
+            named = marks.detail(scene, choice)
+        caption, decomposition, grounds = caption_scene(scene, choice, name_marks=named)
         pid = f"{split}-{start + len(records):06d}"
         records.append({"id": pid, "image": f"images/{split}/{pid}.png", "caption": caption,
                         "decomposition": decomposition.to_dict(), "grounding": grounds,
@@ -146,6 +193,23 @@ def _dump_jsonl(path: Path, records: list[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
 
 
+def _marks(cfg: WorldConfig, stream: str) -> MarkRule | None:
+    """The mark rule of a pairs split's stream ("pretrain", "pretrain/extra"); None where the split has no marks."""
+    if not stream.startswith("pretrain") or cfg.pretrain_marks == 0:
+        return None
+    return MarkRule(_split_rng(cfg.seed, f"{stream}/marks"), cfg.pretrain_marks, cfg.mark_captions)
+
+
+def mark_statistics(records: list[dict]) -> dict:
+    """What a pairs split's marks are: the share of its procedural shapes that carry one and of its captions that
+    name one (world.json records it for the pretraining split where marks are on)."""
+    shapes = [o for r in records for o in r["scene"]["objects"] if o.get("stamp") is None]
+    named = sum(any(f" with {MARK_PHRASES[o['mark']]}" in r["caption"] for o in r["scene"]["objects"] if o.get("mark"))
+                for r in records)
+    return {"shapes": len(shapes), "shapes_marked": round(sum("mark" in o for o in shapes) / max(1, len(shapes)), 4),
+            "captions": len(records), "captions_naming_marks": round(named / max(1, len(records)), 4)}
+
+
 def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
     """All manifests of the world, as {relative manifest path: records}. Pure: no file is written."""
     stamps = load_stamps(cfg.stamps_dir) if cfg.stamps_dir else []
@@ -158,7 +222,8 @@ def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
         recs = _pair_records(rng, split, base.get(split, getattr(cfg, split)), taken,
                              forbidden_semantic=pretrain_semantic if split == "backbone_val" else set(),
                              unique_semantic=split == "backbone_val", stamps=stamps, stamp_prob=cfg.stamp_prob,
-                             partial=cfg.partial_captions and split != "backbone_val")
+                             partial=cfg.partial_captions and split != "backbone_val",
+                             marks=_marks(cfg, split))
         if split == "pretrain":
             pretrain_semantic = {Scene.from_dict(r["scene"]).semantic_key() for r in recs}
         manifests[f"pairs/{split}.jsonl"] = recs
@@ -181,7 +246,8 @@ def plan_world(cfg: WorldConfig) -> dict[str, list[dict]]:
         held = {Scene.from_dict(r["scene"]).semantic_key() for r in manifests["pairs/backbone_val.jsonl"]}
         extra = _pair_records(_split_rng(cfg.seed, f"{split}/extra"), split, want - n, taken,
                               forbidden_semantic=held if split == "pretrain" else set(), unique_semantic=False,
-                              stamps=stamps, stamp_prob=cfg.stamp_prob, partial=cfg.partial_captions, start=n)
+                              stamps=stamps, stamp_prob=cfg.stamp_prob, partial=cfg.partial_captions, start=n,
+                              marks=_marks(cfg, f"{split}/extra"))
         manifests[f"pairs/{split}.jsonl"] = recs + extra
     return manifests
 
@@ -268,6 +334,8 @@ def generate_world(out: str | Path, cfg: WorldConfig, workers: int | None = None
         "counts": {name: len(recs) for name, recs in manifests.items()},
         "manifests_sha256": {name: sha256_file(out / name) for name in manifests},  # `foco world verify` checks
     }
+    if cfg.pretrain_marks:
+        summary["pretrain_marks"] = mark_statistics(manifests["pairs/pretrain.jsonl"])
     atomic_write_text(summary_path, json.dumps(summary, indent=2, sort_keys=True) + "\n")
     (out / IN_PROGRESS).unlink(missing_ok=True)  # world.json now records the config
     return summary

@@ -51,8 +51,12 @@ BACKGROUNDS: dict[str, dict] = {
 }
 
 # Instance marks: small patterns drawn inside a procedural shape in its outline colour, so that two objects of one
-# kind, colour and size are told apart (the OACIR protocol, `oacir.py`). Captions and edit texts never name them.
+# kind, colour and size are told apart (the OACIR protocol, `oacir.py`). Benchmark texts and FoCo's training captions
+# never name them; a share of the pretraining captions may (`WorldConfig.mark_captions`, issue 56), as alt-text
+# sometimes names a detail, with the phrases of `MARK_PHRASES` ("a red circle with a ring").
 MARKS: tuple[str, ...] = ("dot", "ring", "bar", "slash", "two dots", "corner")
+MARK_PHRASES: dict[str, str] = {"dot": "a dot", "ring": "a ring", "bar": "a bar", "slash": "a slash",
+                                "two dots": "two dots", "corner": "a corner"}
 
 IMAGE_SIZE = 64  # rendered side in pixels
 GRID = 2  # layout is a GRID x GRID array of cells; one object per cell
