@@ -9,7 +9,8 @@ check, each backbone encoding the same images itself.
   instance distractors (the target with the anchored shape's mark replaced), how often the target is the closest
   (cosine) to the reference's global, and to the reference's mean patch inside its box; chance is the mean of
   1 / (1 + distractors). It also gives the mean cosine between a target and its instance distractors (1.0: the
-  backbone cannot tell the marks apart at all).
+  backbone cannot tell the marks apart at all), and both rates by the anchored shape's size (a small shape's mark
+  is 4-6 pixels, a large one's about 12: whether the marks are legible to 8 x 8 patches).
 
     python experiments/backbone_instances.py --world runs/w100k/world --split test \
         --backbone world:vit --backbone world:vit-marks --out runs/marks/table.json
@@ -45,17 +46,25 @@ def instance_check(backbone, world: Path, split: str) -> dict:
     ref_g, ref_p = encode(backbone, [bench.images[q.reference].path for q in bench.queries])  # (Q, D), (Q, P, D)
     mask = query_box_masks(bench.queries, ref_p.shape[1]).float()  # (Q, P)
     in_box = F.normalize((ref_p.float() * mask[..., None]).sum(1) / mask.sum(1, keepdim=True), dim=-1)  # (Q, D)
-    hits_g = hits_b = chance = twin_cos = 0.0
+    scenes = {r["id"]: r["scene"] for r in read_jsonl(world / "benchmarks" / split / "oacir" / "gallery.jsonl")}
+    sizes = [next(o["size"] for o in scenes[q.reference]["objects"]
+                  if f"{o['kind']}/{o['colour']}/{o.get('mark')}" == q.instance) for q in bench.queries]
+    hits_g, hits_b, chance, twin_cos = [], [], [], []
     for i, c in enumerate(cands):
         cand = F.normalize(gal[[row[g] for g in c]].float(), dim=-1)  # (1 + k, D), the target first
-        hits_g += float((cand @ F.normalize(ref_g[i].float(), dim=-1)).argmax() == 0)
-        hits_b += float((cand @ in_box[i]).argmax() == 0)
-        chance += 1 / len(c)
-        twin_cos += float((cand[1:] @ cand[0]).mean())
-    n = len(cands)
-    return {"split": split, "queries": n, "by_reference_global_%": round(100 * hits_g / n, 2),
-            "by_box_patches_%": round(100 * hits_b / n, 2), "chance_%": round(100 * chance / n, 2),
-            "target_vs_mark_twins_cos": round(twin_cos / n, 4)}
+        hits_g.append(float((cand @ F.normalize(ref_g[i].float(), dim=-1)).argmax() == 0))
+        hits_b.append(float((cand @ in_box[i]).argmax() == 0))
+        chance.append(1 / len(c))
+        twin_cos.append(float((cand[1:] @ cand[0]).mean()))
+
+    def rates(keep: list[bool]) -> dict:
+        n = sum(keep)
+        pct = lambda xs: round(100 * sum(x for x, k in zip(xs, keep) if k) / n, 2)  # noqa: E731
+        return {"queries": n, "by_reference_global_%": pct(hits_g), "by_box_patches_%": pct(hits_b),
+                "chance_%": pct(chance), "target_vs_mark_twins_cos": round(pct(twin_cos) / 100, 4)}
+    out = {"split": split, **rates([True] * len(cands))}
+    out["by_anchor_size"] = {size: rates([s == size for s in sizes]) for size in sorted(set(sizes))}
+    return out
 
 
 def measure(spec: str, world: Path, split: str) -> dict:

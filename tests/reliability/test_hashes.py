@@ -79,10 +79,12 @@ def test_a_world_backbone_whose_weights_changed_is_refused(tmp_path):
         load_world_backbone(tmp_path / "bb")
 
 
-@pytest.mark.parametrize("name", ["pretrained", "vit"])
+@pytest.mark.parametrize("name", ["pretrained", "vit", "vit-marks"])
 def test_the_shipped_backbone_is_checked_and_recorded_by_name(monkeypatch, tmp_path, name):
     import shutil
+    from foco.backbones import SHIPPED_WORLD, canonical_spec
     from foco.backbones import world as W
+    assert tuple(W.SHIPPED) == SHIPPED_WORLD and canonical_spec(f"world:{name}") == f"world:{name}"
     bb = W.load_world_backbone(name)
     assert bb.spec == f"world:{name}"
     meta = json.loads((W.pretrained_dir(name) / "config.json").read_text())

@@ -3,6 +3,7 @@
     create_backbone("hf:openai/clip-vit-large-patch14")   # transformers CLIP / SigLIP, local dir or HF cache
     create_backbone("world:vit")                           # the embedded world's ViT backbone, shipped
     create_backbone("world:pretrained")                    # the embedded world's CNN backbone, shipped
+    create_backbone("world:vit-marks")                     # the ViT pretrained on 100k pairs naming marks, shipped
     create_backbone("world:runs/world-backbone")           # a world backbone trained with `foco backbone train`
 """
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from ..registry import Registry
 from .base import Backbone, ImageFeatures, TextFeatures
 
+SHIPPED_WORLD = ("pretrained", "vit", "vit-marks")  # `world:NAME` backbones shipped with foco (`world.SHIPPED`)
 BACKBONES = Registry("backbone")  # kind -> factory(arg, device=...) -> Backbone
 BACKBONES.register("hf", "foco.backbones.hf:HFBackbone")
 BACKBONES.register("world", "foco.backbones.world:load_world_backbone")
@@ -34,7 +36,7 @@ def canonical_spec(spec: str) -> str:
     `hf:PATH`), a name (`world:pretrained`, a hub id) as it is. Two spellings of one backbone compare equal."""
     import os
     kind, sep, arg = spec.partition(":")
-    if not sep or kind not in BACKBONES or (kind == "world" and arg in ("pretrained", "vit")):
+    if not sep or kind not in BACKBONES or (kind == "world" and arg in SHIPPED_WORLD):
         return spec
     path = os.path.expanduser(arg)
     return f"{kind}:{os.path.realpath(path)}" if os.path.isdir(path) else spec

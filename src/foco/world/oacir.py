@@ -2,7 +2,8 @@
 
 In OACIR a query is a reference image, a bounding box on one object of it, and a text that changes the object's
 context; the box says: keep *this* instance. Here every object of an OACIR scene is a procedural shape with an
-instance mark (`vocab.MARKS`, drawn by `render.py`; captions and texts never name marks). One domain: "shapes".
+instance mark (`vocab.MARKS`, drawn by `render.py`; its texts and FoCo's captions never name marks, only the
+pretraining split's detail captions may: `WorldConfig.mark_captions`). One domain: "shapes".
 
 Instances. An instance id is "<kind>/<colour>/<mark>" (e.g. "circle/red/ring"): size is not part of it, so that an
 instance stays itself under the "size" modification. Two objects of one kind, colour and size that differ in their

@@ -21,7 +21,7 @@ class WorldObject:
         jitter: offset (dx, dy) of the object centre inside its cell, in pixels of the final image.
         stamp: path of the stamp image relative to the stamps folder, or None for a procedural shape.
         mark: an instance mark from `MARKS` drawn inside a procedural shape (the OACIR protocol, `oacir.py`), or
-            None (the world's own objects: none). Captions and edit texts never mention it.
+            None (the world's own objects: none, but for `--pretrain-marks`). Only pretraining detail captions name it.
     """
 
     kind: str
