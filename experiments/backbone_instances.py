@@ -10,10 +10,16 @@ check, each backbone encoding the same images itself.
   (cosine) to the reference's global, and to the reference's mean patch inside its box; chance is the mean of
   1 / (1 + distractors). It also gives the mean cosine between a target and its instance distractors (1.0: the
   backbone cannot tell the marks apart at all), and both rates by the anchored shape's size (a small shape's mark
-  is 4-6 pixels, a large one's about 12: whether the marks are legible to 8 x 8 patches).
+  is 4-6 pixels, a large one's about 12: whether the marks are legible to 8 x 8 patches);
+* the mark words: a zero-shot check of whether the backbone ties a mark's name to its picture. A seeded draw of
+  one-shape scenes (120 small, 120 large; random kind, colour, mark, cell and background) is each ranked against
+  the six captions "a photo showing a <size> <colour> <kind> with <mark>" that differ only in the mark; chance is
+  1 / 6. Beside it, which side fails: a linear probe of the mark on the image globals (ridge, lambda 1, fitted on
+  1,200 other such shapes a size), and the mean cosine between those six captions' text features (1.0: the text
+  tower does not tell the mark words apart).
 
     python experiments/backbone_instances.py --world runs/w100k/world --split test \
-        --backbone world:vit --backbone world:vit-marks --out runs/marks/table.json
+        --backbone world:vit --backbone world:runs/w100k/backbone --out runs/w100k/instances-test.json
 """
 from __future__ import annotations
 
@@ -67,6 +73,47 @@ def instance_check(backbone, world: Path, split: str) -> dict:
     return out
 
 
+def mark_words(backbone, per_size: int = 120, seed: int = 0, probe_extra: int = 1200) -> dict:
+    """Zero-shot mark classification of rendered one-shape scenes, by the shape's size (module docstring); beside
+    it, whether the image features hold the mark at all (a linear probe fitted on `probe_extra` other shapes), and
+    how far apart the text tower puts the six captions that differ only in the mark (their mean cosine)."""
+    import numpy as np
+    from foco.world.captions import object_phrase
+    from foco.world.render import render_scene
+    from foco.world.scene import Scene, WorldObject
+    from foco.world.vocab import BACKGROUNDS, COLOURS, MARKS, SHAPES
+    rng = np.random.default_rng(seed)
+    out, probe, text_cos = {}, {}, []
+    for size in ("small", "large"):
+        hits, feats, labels = 0, [], []
+        for k in range(per_size + probe_extra):
+            kind, colour = str(rng.choice(SHAPES)), str(rng.choice(list(COLOURS)))
+            mark, bg, cell = str(rng.choice(MARKS)), str(rng.choice(list(BACKGROUNDS))), int(rng.integers(4))
+            image = render_scene(Scene(bg, (WorldObject(kind, colour, size, cell, (0, 0), mark=mark),)))
+            with torch.no_grad():
+                g = backbone.encode_images([image]).global_[0]  # (D,)
+            feats.append(F.normalize(g.float(), dim=-1))
+            labels.append(MARKS.index(mark))
+            if k >= per_size:  # the linear probe's extra training shapes
+                continue
+            texts = [f"a photo showing {object_phrase(WorldObject(kind, colour, size, 0, mark=m), True)}" for m in MARKS]
+            with torch.no_grad():
+                t = F.normalize(backbone.encode_texts(texts).global_.float(), dim=-1)  # (6, D)
+            hits += int((t @ g.float()).argmax() == MARKS.index(mark))
+            text_cos.append(float((t @ t.t()).sum() - len(MARKS)) / (len(MARKS) * (len(MARKS) - 1)))
+        out[size] = round(100 * hits / per_size, 1)
+        # a linear probe (ridge on one-hot marks) fitted on the extra shapes, tested on the first per_size
+        x, y = torch.stack(feats), torch.tensor(labels)  # (n, D), (n,)
+        xa = torch.cat([x, torch.ones(len(x), 1)], 1).double()
+        xt = xa[per_size:]  # ridge (lambda 1) on one-hot targets
+        w = torch.linalg.solve(xt.t() @ xt + torch.eye(xt.shape[1], dtype=xt.dtype),
+                               xt.t() @ F.one_hot(y[per_size:], len(MARKS)).double())
+        probe[size] = round(100 * float(((xa[:per_size] @ w).argmax(-1) == y[:per_size]).float().mean()), 1)
+    return {"shapes_per_size": per_size, "chance_%": round(100 / len(MARKS), 1), "accuracy_%": out,
+            "linear_probe_%": probe, "probe_train_shapes": probe_extra,
+            "mark_captions_text_cos": round(sum(text_cos) / len(text_cos), 4)}
+
+
 def measure(spec: str, world: Path, split: str) -> dict:
     backbone = create_backbone(spec)
     ret = evaluate_backbone(backbone, world)
@@ -76,19 +123,23 @@ def measure(spec: str, world: Path, split: str) -> dict:
     return {"backbone": spec, "weights_sha256": getattr(backbone, "weights_sha256", None),
             "caption->image R@1": ret["caption->image R@1"], "image->caption R@1": ret["image->caption R@1"],
             "backbone_val": ret["n"], "cos(global, mean patch)": round(float(F.cosine_similarity(g, mean, dim=-1).mean()), 3),
-            "mean patch -> global": linear_map(mean, g), "instances": instance_check(backbone, world, split)}
+            "mean patch -> global": linear_map(mean, g), "instances": instance_check(backbone, world, split),
+            "mark_words": mark_words(backbone)}
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| backbone | caption -> image R@1 | image -> caption R@1 | cos(global, mean patch) | mean patch -> global: "
-             "cos, R@1 | target among its mark twins: by global | by box patches | chance | target-twin cos |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "cos, R@1 | target among its mark twins: by global | by box patches | chance | target-twin cos | "
+             "mark words: small, large (chance 16.7) | linear probe: small, large | mark captions' text cos |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        m, i = r["mean patch -> global"], r["instances"]
+        m, i, w = r["mean patch -> global"], r["instances"], r["mark_words"]["accuracy_%"]
+        pr = r["mark_words"]["linear_probe_%"]
         lines.append(f"| `{r['backbone']}` | {r['caption->image R@1']:.1f} | {r['image->caption R@1']:.1f} | "
                      f"{r['cos(global, mean patch)']:.3f} | {m['cos']:.3f}, {m['R@1']:.3f} | "
                      f"{i['by_reference_global_%']:.1f} % | {i['by_box_patches_%']:.1f} % | {i['chance_%']:.1f} % | "
-                     f"{i['target_vs_mark_twins_cos']:.3f} |")
+                     f"{i['target_vs_mark_twins_cos']:.3f} | {w['small']:.1f} %, {w['large']:.1f} % | "
+                     f"{pr['small']:.1f} %, {pr['large']:.1f} % | {r['mark_words']['mark_captions_text_cos']:.3f} |")
     return "\n".join(lines)
 
 

@@ -79,7 +79,7 @@ def test_a_world_backbone_whose_weights_changed_is_refused(tmp_path):
         load_world_backbone(tmp_path / "bb")
 
 
-@pytest.mark.parametrize("name", ["pretrained", "vit", "vit-marks"])
+@pytest.mark.parametrize("name", ["pretrained", "vit"])
 def test_the_shipped_backbone_is_checked_and_recorded_by_name(monkeypatch, tmp_path, name):
     import shutil
     from foco.backbones import SHIPPED_WORLD, canonical_spec

@@ -3,7 +3,6 @@
     create_backbone("hf:openai/clip-vit-large-patch14")   # transformers CLIP / SigLIP, local dir or HF cache
     create_backbone("world:vit")                           # the embedded world's ViT backbone, shipped
     create_backbone("world:pretrained")                    # the embedded world's CNN backbone, shipped
-    create_backbone("world:vit-marks")                     # the ViT pretrained on 100k pairs naming marks, shipped
     create_backbone("world:runs/world-backbone")           # a world backbone trained with `foco backbone train`
 """
 from __future__ import annotations
@@ -11,7 +10,7 @@ from __future__ import annotations
 from ..registry import Registry
 from .base import Backbone, ImageFeatures, TextFeatures
 
-SHIPPED_WORLD = ("pretrained", "vit", "vit-marks")  # `world:NAME` backbones shipped with foco (`world.SHIPPED`)
+SHIPPED_WORLD = ("pretrained", "vit")  # `world:NAME` backbones shipped with foco (`world.SHIPPED`)
 BACKBONES = Registry("backbone")  # kind -> factory(arg, device=...) -> Backbone
 BACKBONES.register("hf", "foco.backbones.hf:HFBackbone")
 BACKBONES.register("world", "foco.backbones.world:load_world_backbone")

@@ -366,8 +366,7 @@ CONFIG_NAME = "config.json"
 WEIGHTS_NAME = "model.safetensors"
 PRETRAINED = "pretrained"  # `world:pretrained`: the CNN weights shipped with foco (foco/assets/world_backbone)
 VIT = "vit"  # `world:vit`: the ViT weights shipped with foco (foco/assets/world_vit), the demo's backbone
-VIT_MARKS = "vit-marks"  # `world:vit-marks`: the ViT pretrained on 100,000 pairs whose detail captions name marks
-SHIPPED = {PRETRAINED: "world_backbone", VIT: "world_vit", VIT_MARKS: "world_vit_marks"}  # name -> assets folder
+SHIPPED = {PRETRAINED: "world_backbone", VIT: "world_vit"}  # name -> folder under foco/assets
 
 
 def pretrained_dir(name: str = PRETRAINED) -> Path:
@@ -390,8 +389,8 @@ def save_world_checkpoint(model: WorldCLIP, path: str | Path, extra: dict | None
 
 
 def load_world_backbone(path: str | Path, device: str | torch.device = "cpu") -> WorldBackbone:
-    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved). `pretrained` (the CNN), `vit` and
-    `vit-marks` name the weights shipped with foco; a folder of such a name is reached as `./pretrained`, `./vit`. The weights
+    """Loads a checkpoint written by `save_world_checkpoint` (no pickle involved). `pretrained` (the CNN) and `vit`
+    name the weights shipped with foco; a folder of such a name is reached as `./pretrained`, `./vit`. The weights
     must match the sha256 their config records."""
     from ..utils.io import load_tensors, load_weights, sha256_file
     name = str(path)
