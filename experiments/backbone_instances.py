@@ -15,8 +15,8 @@ check, each backbone encoding the same images itself.
   one-shape scenes (120 small, 120 large; random kind, colour, mark, cell and background) is each ranked against
   the six captions "a photo showing a <size> <colour> <kind> with <mark>" that differ only in the mark; chance is
   1 / 6. Beside it, which side fails: a linear probe of the mark on the image globals (ridge, lambda 1, fitted on
-  1,200 other such shapes a size), and the mean cosine between those six captions' text features (1.0: the text
-  tower does not tell the mark words apart).
+  1,200 other such shapes a size, none a tested picture), and the mean cosine between those six captions' text
+  features (1.0: the text tower does not tell the mark words apart).
 
     python experiments/backbone_instances.py --world runs/w100k/world --split test \
         --backbone world:vit --backbone world:runs/w100k/backbone --out runs/w100k/instances-test.json
@@ -85,10 +85,14 @@ def mark_words(backbone, per_size: int = 120, seed: int = 0, probe_extra: int = 
     rng = np.random.default_rng(seed)
     out, probe, text_cos = {}, {}, []
     for size in ("small", "large"):
-        hits, feats, labels = 0, [], []
-        for k in range(per_size + probe_extra):
+        hits, feats, labels, tested = 0, [], [], set()
+        while len(feats) < per_size + probe_extra:
+            k = len(feats)
             kind, colour = str(rng.choice(SHAPES)), str(rng.choice(list(COLOURS)))
             mark, bg, cell = str(rng.choice(MARKS)), str(rng.choice(list(BACKGROUNDS))), int(rng.integers(4))
+            if k >= per_size and (kind, colour, mark, bg, cell) in tested:
+                continue  # a training shape never repeats a tested picture (rendering is deterministic)
+            tested.add((kind, colour, mark, bg, cell)) if k < per_size else None
             image = render_scene(Scene(bg, (WorldObject(kind, colour, size, cell, (0, 0), mark=mark),)))
             with torch.no_grad():
                 g = backbone.encode_images([image]).global_[0]  # (D,)

@@ -95,3 +95,24 @@ def test_marks_are_recorded_only_where_set_and_checked():
         world_config("tiny", mark_captions=0.5)
     with pytest.raises(ValueError, match="--mark-captions"):
         world_config("tiny", pretrain_marks=0.5, mark_captions=1.5)
+
+
+def test_later_protocols_never_reuse_a_marked_pretraining_scene_unmarked(tmp_path):
+    """A marked pretraining scene's unmarked layout counts as taken for the protocols drawn after the world (the
+    ambiguous variant renders unmarked scenes; OACIR's are all marked), and a resumed generation with other mark
+    settings is refused naming the setting."""
+    from foco.world.ambiguous import world_layout_keys
+    from foco.world.generate import _claim
+    root = tmp_path / "w"
+    (root / "pairs").mkdir(parents=True)
+    recs = plan_world(world_config("tiny", pretrain_marks=1.0))["pairs/pretrain.jsonl"][:50]
+    (root / "pairs" / "pretrain.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    keys = world_layout_keys(root)
+    for r in recs:
+        scene = Scene.from_dict(r["scene"])
+        assert scene.layout_key() in keys and scene.without_marks().layout_key() in keys
+    out = tmp_path / "claimed"
+    out.mkdir()
+    _claim(out, world_config("tiny", pretrain_marks=0.5))
+    with pytest.raises(FileExistsError, match="pretrain_marks 0.5"):
+        _claim(out, world_config("tiny"))

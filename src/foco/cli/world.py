@@ -139,8 +139,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="share of the pretraining split's shapes that carry an instance mark, drawn as OACIR draws "
                         "them (default 0: none). Only the pretraining split changes; world.json records the share")
     g.add_argument("--mark-captions", type=unit_float, default=0.0,
-                   help="share of pretraining captions that name the marks of the shapes they mention ('a red "
-                        "circle with a ring'; default 0). Needs --pretrain-marks above 0")
+                   help="share of the pretraining captions that mention a marked shape which become detail "
+                        "captions: that one shape with its mark and nothing else ('a photo showing a small red star "
+                        "with a dot'; default 0). Needs --pretrain-marks above 0")
     g.set_defaults(func=_generate)
     declare(g, reads={"stamps": "images"})
     _register_variants(world)

@@ -129,8 +129,8 @@ def _world_record(world: Path) -> dict:
     its marks) and the marks' realised shares, from world.json."""
     from ..records import read
     rec = read("world.json", world / "world.json")
-    return {"world_config": rec["config"], **({"pretrain_marks": rec["pretrain_marks"]} if "pretrain_marks" in rec
-                                              else {})}
+    return {"world_config": rec["config"], **({"pretrain_mark_shares": rec["pretrain_marks"]}
+                                              if "pretrain_marks" in rec else {})}
 
 
 def train_world_backbone(world: str | Path, out: str | Path, cfg: BackboneTrainConfig = BackboneTrainConfig(),

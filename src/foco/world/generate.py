@@ -201,8 +201,9 @@ def _marks(cfg: WorldConfig, stream: str) -> MarkRule | None:
 
 
 def mark_statistics(records: list[dict]) -> dict:
-    """What a pairs split's marks are: the share of its procedural shapes that carry one and of its captions that
-    name one (world.json records it for the pretraining split where marks are on)."""
+    """What a pairs split's marks are: the share of its procedural shapes that carry one, and the share of all its
+    captions that are detail captions naming one (world.json records it for the pretraining split where marks are
+    on; the config's `mark_captions` is the share of the captions that mention a marked shape)."""
     shapes = [o for r in records for o in r["scene"]["objects"] if o.get("stamp") is None]
     named = sum(any(f" with {MARK_PHRASES[o['mark']]}" in r["caption"] for o in r["scene"]["objects"] if o.get("mark"))
                 for r in records)
@@ -272,7 +273,8 @@ def _claim(out: Path, cfg: WorldConfig) -> None:
     if marker.is_file():
         have = json.loads(marker.read_text())
         if have != want:
-            diff = ", ".join(f"{k} {have.get(k)!r}" for k in sorted(want) if have.get(k) != want[k])
+            diff = ", ".join(f"{k} {have.get(k)!r}" for k in sorted(set(want) | set(have))
+                             if have.get(k) != want.get(k))
             raise FileExistsError(f"{out} holds an interrupted world generated with another config ({diff}): rerun "
                                   "with that config to finish it, or choose another --out")
         return

@@ -58,6 +58,10 @@ class Scene:
         return (self.background, tuple(sorted((o.cell, o.jitter, o.semantic, o.stamp)
                                               + ((o.mark,) if o.mark is not None else ()) for o in self.objects)))
 
+    def without_marks(self) -> "Scene":
+        """The scene with every instance mark taken off: the scene a marked pretraining scene was drawn as."""
+        return Scene(self.background, tuple(replace(o, mark=None) for o in self.objects))
+
     def free_cells(self) -> list[int]:
         used = {o.cell for o in self.objects}
         return [c for c in range(GRID * GRID) if c not in used]
