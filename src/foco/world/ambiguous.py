@@ -168,10 +168,8 @@ def world_layout_keys(root: str | Path, skip: str | Path | None = None) -> set:
     for path in files:
         if skip is not None and Path(skip) in path.parents:
             continue
-        scenes = [Scene.from_dict(r["scene"]) for r in read_jsonl(path, required=("scene",))]
-        keys.update(s.layout_key() for s in scenes)
-        if path.parent.name == "pairs":  # a marked pretraining scene's unmarked layout too (`--pretrain-marks`)
-            keys.update(s.without_marks().layout_key() for s in scenes)
+        for r in read_jsonl(path, required=("scene",)):
+            keys |= Scene.from_dict(r["scene"]).taken_layouts(pairs=path.parent.name == "pairs")
     return keys
 
 

@@ -306,10 +306,8 @@ def _world_keys(world: Path) -> set:
     keys = set()
     for rel in sorted(counts):
         if rel.startswith("pairs/") or rel.endswith("/gallery.jsonl"):
-            scenes = [Scene.from_dict(r["scene"]) for r in read_jsonl(world / rel, required=("scene",))]
-            keys.update(s.layout_key() for s in scenes)
-            if rel.startswith("pairs/"):  # a marked pretraining scene's unmarked layout too (`--pretrain-marks`)
-                keys.update(s.without_marks().layout_key() for s in scenes)
+            for r in read_jsonl(world / rel, required=("scene",)):
+                keys |= Scene.from_dict(r["scene"]).taken_layouts(pairs=rel.startswith("pairs/"))
     return keys
 
 

@@ -62,6 +62,11 @@ class Scene:
         """The scene with every instance mark taken off: the scene a marked pretraining scene was drawn as."""
         return Scene(self.background, tuple(replace(o, mark=None) for o in self.objects))
 
+    def taken_layouts(self, pairs: bool) -> set:
+        """The layouts this scene keeps other protocols from drawing: its own, and for a pairs scene also its unmarked
+        one (a marked pretraining scene was drawn unmarked, `--pretrain-marks`)."""
+        return {self.layout_key(), self.without_marks().layout_key()} if pairs else {self.layout_key()}
+
     def free_cells(self) -> list[int]:
         used = {o.cell for o in self.objects}
         return [c for c in range(GRID * GRID) if c not in used]
