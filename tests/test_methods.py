@@ -45,7 +45,7 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
         root / "adafocal")
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco-edits", pic2word=root / "p2w", slerp_alpha=0.3,
                          pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb,
-                         adafocal=root / "adafocal")
+                         adafocal=root / "adafocal", tat=root / "tat")  # slerp-tat reads no weights itself
 
 
 def _batch(world_bb, n=5):  # noqa: F811
@@ -100,7 +100,7 @@ def test_registry_is_lazy_ordered_and_clear():
     from foco.backbones import BACKBONES
     from foco.benchmarks import BENCHMARKS
     from foco.decompose import DECOMPOSERS
-    assert BACKBONES.names() == ["hf", "world"] and DECOMPOSERS.names() == ["oracle", "rule", "llm"]
+    assert BACKBONES.names() == ["hf", "world", "tat"] and DECOMPOSERS.names() == ["oracle", "rule", "llm"]
     assert BENCHMARKS.names() == ["fashioniq", "cirr", "circo", "genecis", "world", "oacirr"]
     assert all(callable(BENCHMARKS.get(n).read) for n in BENCHMARKS.names())
 

@@ -4,6 +4,7 @@
     create_backbone("world:vit")                           # the embedded world's ViT backbone, shipped
     create_backbone("world:pretrained")                    # the embedded world's CNN backbone, shipped
     create_backbone("world:runs/world-backbone")           # a world backbone trained with `foco backbone train`
+    create_backbone("tat:runs/tat")                        # a backbone whose image tower `foco tat train` tuned
 """
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ SHIPPED_WORLD = ("pretrained", "vit")  # `world:NAME` backbones shipped with foc
 BACKBONES = Registry("backbone")  # kind -> factory(arg, device=...) -> Backbone
 BACKBONES.register("hf", "foco.backbones.hf:HFBackbone")
 BACKBONES.register("world", "foco.backbones.world:load_world_backbone")
+BACKBONES.register("tat", "foco.backbones.tat:load_tat_backbone")  # a base with SlerpTAT's tuned image tower
 
 
 def list_backbones() -> list[str]:

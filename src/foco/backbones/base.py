@@ -69,6 +69,8 @@ class PixelBackbone(Backbone, Protocol):
       yet normalised: a quarter of fp32's bytes cross from the worker and to the device);
     * `encode_pixels(pixels, device)`: (B, 3, H, W) uint8 pixels (a pinned CPU batch, or already on the device) ->
       the `ImageFeatures` of `encode_images`; normalises on the backbone's device;
+    * `forward_pixels(pixels, device=None)`: the same in the caller's grad mode, on the backbone's device by
+      default (an image tower tuned through it: SlerpTAT's text-anchored tuning, `foco.train.tat`);
     * `text_transform()`: a picklable callable, list of B texts -> (input ids (B, L) int64, mask (B, L) bool) at a
       fixed length L (the text tower's maximum), so that samples collate without looking at each other;
     * `tokenize(texts)`: the same, in this process;
@@ -83,6 +85,8 @@ class PixelBackbone(Backbone, Protocol):
     def image_transform(self) -> "Callable[[Image.Image], torch.Tensor]": ...
 
     def encode_pixels(self, pixels: torch.Tensor, device: str | torch.device = "cpu") -> ImageFeatures: ...
+
+    def forward_pixels(self, pixels: torch.Tensor, device: str | torch.device | None = None) -> ImageFeatures: ...
 
     def text_transform(self) -> "Callable[[Sequence[str]], tuple[torch.Tensor, torch.Tensor]]": ...
 

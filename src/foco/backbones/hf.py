@@ -240,15 +240,20 @@ class HFBackbone:
         resizes in floats) into a normalised global (B, D) and projected patches (B, P, D), float32 on `device`.
         The pixels are copied to the model's device without blocking and rescaled and normalised there, as the
         processor would."""
-        proc = self.image_processor
         with torch.inference_mode():
-            x = to_backbone_device(pixels, self.device).float()  # (B, 3, H, W)
-            if getattr(proc, "do_rescale", True):
-                x = x * float(getattr(proc, "rescale_factor", 1 / 255))
-            if getattr(proc, "do_normalize", True):
-                mean, std = self._mean_std()  # (3,), (3,) on the model's device, made once
-                x = (x - mean[:, None, None]) / std[:, None, None]
-            return self._encode_normalised(x.to(self.dtype), device)
+            return self.forward_pixels(pixels, device)
+
+    def forward_pixels(self, pixels: torch.Tensor, device: str | torch.device | None = None) -> ImageFeatures:
+        """`encode_pixels` in the caller's grad mode (a tuned image tower trains through it, `foco.train.tat`);
+        the features on `device` (None: the model's)."""
+        proc = self.image_processor
+        x = to_backbone_device(pixels, self.device).float()  # (B, 3, H, W)
+        if getattr(proc, "do_rescale", True):
+            x = x * float(getattr(proc, "rescale_factor", 1 / 255))
+        if getattr(proc, "do_normalize", True):
+            mean, std = self._mean_std()  # (3,), (3,) on the model's device, made once
+            x = (x - mean[:, None, None]) / std[:, None, None]
+        return self._encode_normalised(x.to(self.dtype), self.device if device is None else device)
 
     def _mean_std(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The processor's normalisation on the model's device, copied there once (a copy of a new tensor to a GPU

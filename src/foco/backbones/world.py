@@ -306,6 +306,12 @@ class WorldBackbone:
     def encode_pixels(self, pixels: torch.Tensor, device: str | torch.device = "cpu") -> ImageFeatures:
         """(B, 3, S, S) uint8 pixels of `image_transform` -> features, float32 on `device`; the pixels are copied to
         the backbone's device without blocking and scaled to [-1, 1] there."""
+        return self.forward_pixels(pixels, device)
+
+    def forward_pixels(self, pixels: torch.Tensor, device: str | torch.device | None = None) -> ImageFeatures:
+        """`encode_pixels` in the caller's grad mode (a tuned image tower trains through it, `foco.train.tat`);
+        the features on `device` (None: the backbone's)."""
+        device = self.device if device is None else device
         x = to_backbone_device(pixels, self.device)  # (B, 3, S, S) uint8
         # channels-last, as `preprocess_images` lays an (B, S, S, 3) batch out: the convolutions take the same
         # kernels, so the features are bit for bit those of the images encoded whole (and GPUs prefer it)

@@ -10,9 +10,9 @@ import sys
 
 from .bounds import apply_bounds
 from . import (ablate, adafocal, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search,
-               serve, train, world)
+               serve, tat, train, world)
 
-GROUPS = (world, backbone, train, pic2word, lincir, adafocal, composers, evaluate, ablate, decompose, edits, quickstart,
+GROUPS = (world, backbone, train, pic2word, lincir, tat, adafocal, composers, evaluate, ablate, decompose, edits, quickstart,
           search, serve)
 
 

@@ -24,6 +24,7 @@ METHODS.register("lincir", "foco.methods.lincir:LinCIRMethod")  # language-only 
 METHODS.register("pact", "foco.methods.composer:PACTMethod")  # seeds/pact-chord.txt
 METHODS.register("tscir", "foco.methods.composer:TSCIRMethod")  # seeds/tscir-mapping-to-composing.txt
 METHODS.register("slerp", "foco.methods.slerp:SlerpMethod")
+METHODS.register("slerp-tat", "foco.methods.slerp:SlerpTATMethod")  # slerp on a TAT-tuned image tower (issue 57)
 METHODS.register("image", "foco.methods.simple:ImageOnly")
 METHODS.register("text", "foco.methods.text_only:TextOnly")
 METHODS.register("sum", "foco.methods.simple:ImageTextSum")

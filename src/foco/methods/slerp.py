@@ -6,9 +6,11 @@ with v and t the L2-normalised reference-image and modification-text globals: al
 the text, and every q(alpha) has unit norm. alpha is chosen on the val benchmark over `ALPHA_GRID`
 (`foco.eval.select.choose_on_val`).
 
-This is the training-free part of SlerpTAT only: the paper also tunes the image encoder with LoRA, against the
-frozen text encoder (text-anchored tuning); that tuning is not done here, so these numbers are a lower bound of
-SlerpTAT with the same backbone.
+`slerp` is the training-free part of SlerpTAT. `slerp-tat` is the whole method: the same composition on the
+features of an image tower tuned with LoRA toward the frozen text tower (text-anchored tuning, `foco tat train`,
+`foco.train.tat`). Its `--tat` folder records the tuned backbone (`tat:PATH`), so evaluation, search and serving
+refuse it beside features of any other backbone, the untuned base included, naming both; extract the features
+with `--backbone tat:PATH`.
 
 `--slerp-alpha` (`ALPHA`) is a number, or `val`: evaluation then chooses alpha on the val split (`foco.eval`).
 """
@@ -48,6 +50,10 @@ def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> 
     return F.normalize(w_v * v + w_t * t, dim=-1)
 
 
+TAT = MethodOption("tat", "--tat", "a text-anchored tuning folder (`foco tat train --out`); the features must be "
+                   "extracted with --backbone tat:FOLDER", record="tat.json")
+
+
 class SlerpMethod(QueryMethod):
     """slerp(reference global, modification global, alpha)."""
 
@@ -69,3 +75,17 @@ class SlerpMethod(QueryMethod):
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         return ComposedQuery(slerp(batch.reference.global_, batch.modification.global_, self.alpha), attention=None,
                              v_loc=None)
+
+
+class SlerpTATMethod(SlerpMethod):
+    """SlerpTAT (Jang et al., ECCV 2024): slerp on the features of the TAT-tuned image tower (module docstring).
+    The composition is slerp's; what differs is the features it reads, which `--tat` names and the provenance
+    checks hold to (`foco.methods.provenance`)."""
+
+    options = (ALPHA, TAT)
+
+    @classmethod
+    def from_options(cls, opts: MethodOptions) -> "SlerpTATMethod":
+        from .base import require
+        require(opts, TAT, "slerp-tat")
+        return super().from_options(opts)

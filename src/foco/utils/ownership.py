@@ -37,6 +37,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "FoCo checkpoint": ("foco.json:model",),
     "Pic2Word mapper": ("pic2word.json:model",),
     "LinCIR phi": ("lincir.json:model",),
+    "TAT adapters": ("tat.json:adapter_sha256",),
     "text composer (PACT, TSCIR)": ("composer.json:mapper",),
     "world backbone": ("config.json:weights_sha256",),
     "feature cache": ("manifest.json:shard_size", "corpus.json:parts"),
@@ -51,9 +52,9 @@ KINDS: dict[str, tuple[str, ...]] = {
 # that writes another name must list it here (tests/test_command_rules.py checks every trainer's folder).
 RUN_OUTPUTS = ("train_state", "train_log.jsonl", "train_steps.jsonl", "loss_curve.png", "val_curve.jsonl",
                "edit-features", "targets_check.json", "foco.json", "foco.safetensors", "pic2word.json",
-               "pic2word.safetensors", "lincir.json", "lincir.safetensors", "composer.json", "composer.safetensors",
-               "mapper.safetensors", "text.safetensors", "adafocal.json", "model.safetensors", "config.json",
-               "metrics.json", "cache", ".*.tmp")
+               "pic2word.safetensors", "lincir.json", "lincir.safetensors", "tat.json", "tat.safetensors",
+               "composer.json", "composer.safetensors", "mapper.safetensors", "text.safetensors", "adafocal.json",
+               "model.safetensors", "config.json", "metrics.json", "cache", ".*.tmp")
 
 CONTAINERS = ("quickstart run", "ablation run")  # kinds whose folders hold other artifacts (a world, caches, ...)
 
