@@ -19,15 +19,15 @@ VIT = WorldBackboneConfig(image_tower="vit", vit_width=32, vit_layers=2, vit_hea
 
 @pytest.fixture(scope="module")
 def tuned(tiny_world, tmp_path_factory):
-    """A tiny ViT world backbone and a TAT run of 2 steps on 64 of the tiny world's training pairs."""
+    """A tiny ViT world backbone and a TAT run of 2 steps on 32 of the tiny world's training pairs."""
     pytest.importorskip("peft")
     from foco.train.tat import TATTrainConfig, train_tat
     root = tmp_path_factory.mktemp("tat")
     torch.manual_seed(0)
     save_world_checkpoint(WorldCLIP(VIT), root / "base")
-    pairs = load_pairs(tiny_world, "train")[:64]
+    pairs = load_pairs(tiny_world, "train")[:32]
     rec = train_tat(f"world:{root / 'base'}", [p.image for p in pairs], [p.caption for p in pairs], root / "tat",
-                    TATTrainConfig(epochs=1, batch_size=32, lr=5e-2), resume=False)
+                    TATTrainConfig(epochs=1, batch_size=16, lr=5e-2), resume=False)
     return root, rec, [load_image(p.image) for p in pairs[:6]]
 
 
