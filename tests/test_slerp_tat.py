@@ -27,7 +27,7 @@ def tuned(tiny_world, tmp_path_factory):
     save_world_checkpoint(WorldCLIP(VIT), root / "base")
     pairs = load_pairs(tiny_world, "train")[:32]
     rec = train_tat(f"world:{root / 'base'}", [p.image for p in pairs], [p.caption for p in pairs], root / "tat",
-                    TATTrainConfig(epochs=1, batch_size=16, lr=5e-2), resume=False)
+                    TATTrainConfig(epochs=1, batch_size=16, lr=5e-2, rank=8, alpha=32.0), resume=False)  # scale 4
     return root, rec, [load_image(p.image) for p in pairs[:6]]
 
 
@@ -50,7 +50,7 @@ def test_the_tuned_backbone_merges_the_adapters_as_peft_applies_them(tuned):
     base = create_backbone(f"world:{root / 'base'}")
     # the slow twin: the untouched base with peft's adapters injected and the saved A, B loaded into them
     vision = base.model.image.clip.vision_model
-    inject_adapter_in_model(LoraConfig(r=16, lora_alpha=16.0, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
+    inject_adapter_in_model(LoraConfig(r=8, lora_alpha=32.0, lora_dropout=0.1, target_modules=["q_proj", "v_proj"]),
                             vision)
     state = load_file(str(root / "tat" / "tat.safetensors"))
     modules = dict(vision.named_modules())
@@ -127,8 +127,28 @@ def test_changed_adapters_or_base_are_refused(tuned, tmp_path):
     (bad / "tat.json").write_text(json.dumps(rec))
     with pytest.raises(ValueError, match="other weights"):
         create_backbone(f"tat:{bad}")
+    rec = json.loads((root / "tat" / "tat.json").read_text())
+    rec["lora"]["alpha"] = 320.0  # an edited scale would give other features under the same sha256: refused
+    (bad / "tat.json").write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="record was edited"):
+        create_backbone(f"tat:{bad}")
+    rec["base"] = {"spec": f"tat:{root / 'tat'}"}
+    (bad / "tat.json").write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match="itself a tuned backbone"):
+        create_backbone(f"tat:{bad}")
     with pytest.raises(FileNotFoundError, match="foco tat train"):
         create_backbone(f"tat:{tmp_path / 'none'}")
+
+
+def test_a_moved_tat_folder_is_the_backbone_of_its_own_features(tuned, tmp_path):
+    import shutil
+    from foco.methods import MethodOptions
+    from foco.methods.provenance import check_trained_on, recorded_spec
+    root, _, _ = tuned
+    moved = tmp_path / "moved"
+    shutil.copytree(root / "tat", moved)
+    assert recorded_spec(MethodOptions(tat=moved)) == f"tat:{moved.resolve()}"  # not the folder it was trained in
+    check_trained_on(MethodOptions(tat=moved), create_backbone(f"tat:{moved}"), "its features", "")
 
 
 def test_a_cnn_backbone_is_refused_with_the_vit_named():

@@ -56,6 +56,31 @@ def target_names(vision: torch.nn.Module, targets: tuple[str, ...]) -> list[str]
     return names
 
 
+def adapter_metadata(cfg) -> dict[str, str]:
+    """What the adapter file's safetensors metadata records of a run's LoRA (the merge reads its scale from there)."""
+    return {"rank": str(int(cfg.rank)), "alpha": repr(float(cfg.alpha)), "targets": ",".join(cfg.targets)}
+
+
+def _scale(path: Path, meta: dict, state: dict[str, torch.Tensor]) -> float:
+    """alpha / r of the adapters at `path`/tat.safetensors: from the file's metadata (covered by its sha256),
+    checked against the A matrices' rank and the record."""
+    from safetensors import safe_open
+    with safe_open(str(path / ADAPTER), framework="pt") as f:
+        md = f.metadata() or {}
+    try:
+        rank, alpha = int(md["rank"]), float(md["alpha"])
+    except (KeyError, ValueError):
+        raise ValueError(f"{path / ADAPTER}: no LoRA rank and alpha in its metadata; retune with `foco tat train`") \
+            from None
+    ranks = {int(v.shape[0]) for k, v in state.items() if k.endswith(".lora_A")}
+    lora = meta["lora"]
+    if ranks != {rank} or int(lora["rank"]) != rank or float(lora["alpha"]) != alpha:
+        raise ValueError(f"{path}: the adapters are of rank {sorted(ranks)} and alpha {alpha} ({ADAPTER}), its "
+                         f"{RECORD} says rank {lora['rank']} and alpha {lora['alpha']}: the record was edited; "
+                         "retune with `foco tat train`")
+    return alpha / rank
+
+
 def combined_sha256(base_sha: str | None, adapter_sha: str) -> str:
     """The tuned backbone's weights sha256: the base's and the adapters' together."""
     return hashlib.sha256(f"{base_sha or 'unhashed'}+{adapter_sha}".encode()).hexdigest()
@@ -90,12 +115,14 @@ class TunedImageBackbone:
     def spec(self) -> str:
         return f"tat:{self._path}"
 
-    @property
-    def base(self):
-        return self._base
-
     def __getattr__(self, name: str):
+        if "_base" not in self.__dict__:  # a copy being built: no base yet
+            raise AttributeError(name)
         return getattr(self.__dict__["_base"], name)
+
+
+def _positive(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
 
 def read_record(path: Path) -> dict:
@@ -106,11 +133,21 @@ def read_record(path: Path) -> dict:
                                 "(written by `foco tat train`)")
     try:
         meta = json.loads(rec.read_text())
-    except json.JSONDecodeError as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ValueError(f"{rec}: not JSON ({exc}); retune with `foco tat train`") from None
-    for key in ("base", "lora", "adapter_sha256"):
-        if key not in meta:
-            raise ValueError(f"{rec}: field {key!r} missing; retune with `foco tat train`")
+    meta = meta if isinstance(meta, dict) else {}
+    base, lora = meta.get("base"), meta.get("lora")
+    problem = None
+    if not isinstance(base, dict) or not isinstance(base.get("spec"), str) or ":" not in base["spec"]:
+        problem = "'base' is not a backbone record ({\"spec\": \"KIND:ARG\", \"weights_sha256\": ...})"
+    elif base["spec"].startswith("tat:"):
+        problem = f"its base {base['spec']} is itself a tuned backbone"
+    elif not isinstance(lora, dict) or not all(_positive(lora.get(k)) for k in ("rank", "alpha")):
+        problem = "'lora' lacks a positive rank and alpha"
+    elif not isinstance(meta.get("adapter_sha256"), str):
+        problem = "'adapter_sha256' is missing"
+    if problem:
+        raise ValueError(f"{rec}: {problem}; retune with `foco tat train`")
     return meta
 
 
@@ -129,8 +166,7 @@ def load_tat_backbone(path: str | Path, device: str | torch.device = "cpu") -> T
     base = create_backbone(base_rec["spec"], device=device)
     check_same_backbone(base, f"the base backbone {base_rec['spec']} now", base_rec,
                         f"the one {path} was tuned on", "retune on this backbone with `foco tat train`")
-    lora = meta["lora"]
-    merge_adapters(vision_tower(base), load_file(str(path / ADAPTER)), float(lora["alpha"]) / int(lora["rank"]),
-                   str(path / ADAPTER))
+    state = load_file(str(path / ADAPTER))
+    merge_adapters(vision_tower(base), state, _scale(path, meta, state), str(path / ADAPTER))
     return TunedImageBackbone(base, str(path.resolve()), combined_sha256(getattr(base, "weights_sha256", None), sha),
                               meta)

@@ -13,9 +13,13 @@ def _tat_train(a: argparse.Namespace) -> int:
     from ..train.tat import TATTrainConfig, train_tat
     from ..world.generate import world_fingerprint
     from ..world.manifest import load_pairs
+    targets = tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
+    if not targets:
+        raise ValueError(f"--lora-targets {a.lora_targets!r} names no layer; e.g. q_proj,v_proj")
     pairs = load_pairs(a.world, a.split)
     cfg = TATTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, rank=a.lora_rank, alpha=a.lora_alpha,
-                         dropout=a.lora_dropout, targets=tuple(t for t in a.lora_targets.split(",") if t),
+                         dropout=a.lora_dropout, targets=targets, weight_decay=a.weight_decay,
+                         warmup_frac=a.warmup_frac,
                          logit_scale=a.logit_scale, workers=a.workers, seed=a.seed, device=a.device,
                          precision=a.precision, allow_changed=tuple(a.allow_changed))
     rec = train_tat(a.backbone, [p.image for p in pairs], [p.caption for p in pairs], a.out, cfg,
@@ -41,6 +45,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--batch-size", type=positive_int, default=1024, help="pairs per step (the paper's 1024)")
     t.add_argument("--lr", type=learning_rate, default=1e-4,
                    help="peak learning rate (the paper's 1e-4; linear warm-up, then cosine decay)")
+    t.add_argument("--weight-decay", type=float_in(0.0, 1.0), default=0.0, help="AdamW's (not in the paper; 0)")
+    t.add_argument("--warmup-frac", type=float_in(0.0, 1.0), default=0.05,
+                   help="share of the steps with a linear warm-up, then cosine decay (not in the paper)")
     t.add_argument("--lora-rank", type=positive_int, default=16, help="LoRA rank r (the paper's 16)")
     t.add_argument("--lora-alpha", type=lora_alpha, default=16.0, help="LoRA alpha; the update is scaled alpha / r")
     t.add_argument("--lora-dropout", type=float_in(0.0, 0.9), default=0.1,

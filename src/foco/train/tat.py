@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from .distributed import RunContext, context
 from .harness import Plan, train_run
-from .loop import Losses, LoopConfig, Phase, recorded_settings, settings_of
+from .loop import RUN_ONLY, Losses, LoopConfig, Phase, recorded_settings, settings_of
 
 
 @dataclass
@@ -156,8 +156,8 @@ def train_tat(backbone_spec: str, sources: Sequence[Any], captions: Sequence[str
     `captions[i]`) and writes `out`/tat.safetensors + tat.json (`foco.backbones.tat`); returns the record.
     The state is saved after every epoch; `resume=True` continues a killed run."""
     from safetensors.torch import save
-    from ..backbones import backbone_record, create_backbone
-    from ..backbones.tat import ADAPTER, RECORD, combined_sha256, vision_tower
+    from ..backbones import backbone_record, canonical_spec, create_backbone
+    from ..backbones.tat import ADAPTER, RECORD, adapter_metadata, combined_sha256, vision_tower
     from ..utils.io import atomic_write_bytes, atomic_write_text
     from ..utils.precision import resolve_precision
     from ..utils.provenance import provenance
@@ -185,12 +185,14 @@ def train_tat(backbone_spec: str, sources: Sequence[Any], captions: Sequence[str
         opt = lambda: torch.optim.AdamW(adapters.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)  # noqa: E731
         phase = Phase(cfg.epochs, opt, step, prefetch=data.prefetch)
         loop = LoopConfig(len(sources), min(cfg.batch_size, len(sources)), cfg.warmup_frac, cfg.grad_clip,
-                          cfg.max_steps, name="TAT", identity={"backbone": backbone_spec}, settings=settings_of(cfg),
+                          cfg.max_steps, name="TAT", identity={"backbone": canonical_spec(backbone_spec)},
+                          settings=settings_of(cfg, RUN_ONLY | {"workers"}),  # workers: how fast, not what
                           precision=resolve_precision(cfg.precision, ctx.device),
                           allow_changed=frozenset(cfg.allow_changed))
 
         def save_adapters(history: dict) -> None:
-            data_bytes = save(adapters.adapter_state())
+            # the scale's settings ride in the file's metadata, so the adapters' sha256 covers them too
+            data_bytes = save(adapters.adapter_state(), metadata=adapter_metadata(cfg))
             atomic_write_bytes(Path(ctx.out) / ADAPTER, data_bytes)
             import hashlib
             sha = hashlib.sha256(data_bytes).hexdigest()
