@@ -10,8 +10,8 @@ The calibration, fixed before any TAT run saw a protocol (docs/benchmarks.md, "S
   1/200 of the paper's steps (one epoch of LAION-2M at batch 1024 is about 2,000).
 Each on `world:vit`, seeds 0-2; alpha chosen on each protocol's val split (`--slerp-alpha val`), as slerp's.
 Per seed it evaluates test single, described and restaged with the tuned backbone `tat:FOLDER` (its own feature
-caches), and slerp once on `world:vit`'s. Writes RUN/slerptat/{RECIPE-sS/, results.json} and prints the table
-(mean +- sample sd) with slerp-tat minus slerp, R@1 by protocol. Reuses what an earlier run left.
+caches), and slerp once on `world:vit`'s. Writes RUN/slerptat/{RECIPE-sS/, results-RECIPES-sSEEDS.json} and
+prints the table (mean +- sample sd) with slerp-tat minus slerp, R@1 by protocol. Reuses what an earlier run left.
 """
 from __future__ import annotations
 
@@ -73,7 +73,8 @@ def main() -> None:
                                   "train": {k: rec[k] for k in ("lora", "adapter_sha256")},
                                   "seconds": json.loads((folder / "train_log.jsonl").read_text().splitlines()[-1])
                                   .get("elapsed_s")}
-    (root / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    name = f"results-{a.recipes.replace(',', '+')}-s{a.seeds.replace(',', '')}.json"  # one file per selection
+    (root / name).write_text(json.dumps(results, indent=2) + "\n")
     print("| method | seeds | " + " | ".join(f"{p} R@1 | {p} Rs@1" for p in PROTOCOLS) + " | alpha (val) |")
     print("|---|---|" + "---|---|" * len(PROTOCOLS) + "---|")
     sl = results["slerp"]
@@ -86,8 +87,8 @@ def main() -> None:
                            for p in PROTOCOLS)
         alphas = ", ".join("/".join(str(r[p]["alpha"]) for r in runs) for p in PROTOCOLS)
         print(f"| slerp-tat, {recipe} | {len(seeds)} | {cells} | {alphas} |")
-        diffs = " | ".join(f"{_ms([r[p]['R@1'] - sl[p]['R@1'] for r in runs])} | " for p in PROTOCOLS)
-        print(f"| slerp-tat, {recipe} − slerp (R@1) | {len(seeds)} | {diffs} |")
+        diffs = " | ".join(f"{_ms([r[p]['R@1'] - sl[p]['R@1'] for r in runs])} | –" for p in PROTOCOLS)
+        print(f"| slerp-tat, {recipe} − slerp (R@1) | {len(seeds)} | {diffs} | – |")
 
 
 if __name__ == "__main__":
