@@ -10,7 +10,7 @@ world                    world.json (counts and sha256 of every manifest; `foco.
 feature cache            manifest.json; each shard's images/shard-NNNNN.json; a corpus's corpus.json
 FoCo checkpoint          foco.json (the model config; what training recorded: the backbone, the edit stage)
 search index             index.json
-trained mappers          pic2word.json, lincir.json, composer.json (their backbone records)
+trained mappers          pic2word.json, lincir.json, composer.json (their backbone records); tat.json (SlerpTAT)
 decomposition / edits    SQLite stores: their tables (`foco.decompose.store.STORE_TABLES`); the runs' settings
 =======================  =====================================================================================
 """
@@ -153,11 +153,18 @@ WORLD = Field("dict", fields={
     "config": Field("dict", fields={"seed": Field("int", lo=0, optional=True)}),
     "counts": Field("dict", items=COUNT), "manifests_sha256": Field("dict", items=HEX64, optional=True)})
 
+TAT = Field("dict", fields={
+    "base": Field("dict", fields={"spec": Field("str", lo=3, hi=4096, pattern=r"[a-z]+:.+"),
+                                  "weights_sha256": opt(HEX64)}),
+    "backbone": BACKBONE_RECORD, "adapter_sha256": HEX64,
+    "lora": Field("dict", fields={"rank": Field("int", lo=1, hi=1 << 16), "alpha": Field("float", lo=1e-6, hi=1e6),
+                                  "targets": Field("list", lo=1, hi=256, items=Field("str", lo=1, hi=256))})})
+
 SCHEMAS: dict[str, Any] = {
     "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("model"), "lincir.json": lambda: _mapper("model"),
     "composer.json": lambda: _mapper("mapper"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
     "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD,
-    "config.json": lambda: WORLD_BACKBONE, "state.json": lambda: TRAINING_STATE}
+    "config.json": lambda: WORLD_BACKBONE, "state.json": lambda: TRAINING_STATE, "tat.json": lambda: TAT}
 
 FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco.json",
          "pic2word.json": "retrain it (`foco pic2word train`)", "lincir.json": "retrain it (`foco lincir train`)",
@@ -166,7 +173,8 @@ FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco
          "corpus.json": "extract the corpus again into a new --out", "index.json": "build the index again into a new "
          "--out (`foco index build`)", "world.json": "regenerate the world (`foco world generate`)",
          "config.json": "retrain the backbone (`foco backbone train`), or reinstall foco for a shipped one",
-         "state.json": "the training state is damaged: remove its train_state folder to start the run again"}
+         "state.json": "the training state is damaged: remove its train_state folder to start the run again",
+         "tat.json": "retune it (`foco tat train`)"}
 
 
 def read(kind: str, path: str | Path) -> dict:

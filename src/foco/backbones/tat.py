@@ -20,7 +20,6 @@ that the merged weights give peft's features.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from pathlib import Path
 
@@ -121,33 +120,18 @@ class TunedImageBackbone:
         return getattr(self.__dict__["_base"], name)
 
 
-def _positive(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
-
-
 def read_record(path: Path) -> dict:
-    """`path`/tat.json, with a message naming the file and the command that writes it."""
+    """`path`/tat.json, checked against its schema (`foco.records`), with messages naming the file and the command
+    that writes it."""
+    from ..records import read
     rec = path / RECORD
     if not rec.is_file() or not (path / ADAPTER).is_file():
         raise FileNotFoundError(f"no text-anchored tuning at {path}: expected {RECORD} and {ADAPTER} "
                                 "(written by `foco tat train`)")
-    try:
-        meta = json.loads(rec.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ValueError(f"{rec}: not JSON ({exc}); retune with `foco tat train`") from None
-    meta = meta if isinstance(meta, dict) else {}
-    base, lora = meta.get("base"), meta.get("lora")
-    problem = None
-    if not isinstance(base, dict) or not isinstance(base.get("spec"), str) or ":" not in base["spec"]:
-        problem = "'base' is not a backbone record ({\"spec\": \"KIND:ARG\", \"weights_sha256\": ...})"
-    elif base["spec"].startswith("tat:"):
-        problem = f"its base {base['spec']} is itself a tuned backbone"
-    elif not isinstance(lora, dict) or not all(_positive(lora.get(k)) for k in ("rank", "alpha")):
-        problem = "'lora' lacks a positive rank and alpha"
-    elif not isinstance(meta.get("adapter_sha256"), str):
-        problem = "'adapter_sha256' is missing"
-    if problem:
-        raise ValueError(f"{rec}: {problem}; retune with `foco tat train`")
+    meta = read(RECORD, rec)
+    if meta["base"]["spec"].startswith("tat:"):
+        raise ValueError(f"{rec}: its base {meta['base']['spec']} is itself a tuned backbone; retune with "
+                         "`foco tat train`")
     return meta
 
 

@@ -10,9 +10,11 @@ backbone's `.to(device, non_blocking=True)` copies overlap the previous batch's 
     index_tar      the samples of one shard: key, image member, caption (.txt, else the .json's "caption")
     Preprocessed   a Dataset: source i -> transform(source i loaded), any source with `load()` or a path
     make_loader    a DataLoader with pinned memory on CUDA, workers, prefetch and (optionally) persistent workers
+    AheadBatches   a training loop's batches, prepared by workers in the epoch's order ahead of its steps
     pixel_batches  the preprocessed pixels of given batches of sources, in order, as the loader yields them
 
-Used by `foco.corpus_features` (extraction, batch by batch) and `foco.train.online` (online training).
+Used by `foco.corpus_features` (extraction, batch by batch), `foco.train.online` (online training) and
+`foco.train.tat` (SlerpTAT's tuning).
 """
 from __future__ import annotations
 
@@ -129,6 +131,32 @@ def make_loader(dataset: torch.utils.data.Dataset, *, device: str | torch.device
     if batch_sampler is not None:
         return torch.utils.data.DataLoader(dataset, batch_sampler=[list(b) for b in batch_sampler], **kw)
     return torch.utils.data.DataLoader(dataset, batch_size=batch_size or 1, shuffle=False, **kw)
+
+
+class AheadBatches:
+    """The batches of `dataset` a training loop will ask for, prepared by `workers` DataLoader processes in the
+    epoch's order ahead of the steps (`prefetch`, which `foco.train.loop.Phase.prefetch` calls); a step takes its
+    batch with `take`. A batch asked out of that order (or with no workers) is collated in the asking process."""
+
+    def __init__(self, dataset: torch.utils.data.Dataset, workers: int, device: str | torch.device = "cpu"):
+        self.dataset, self.workers, self.device = dataset, workers, device
+        self._ahead: list[tuple[torch.Tensor, Iterator]] = []
+
+    def prefetch(self, batches: list[torch.Tensor], collate: Callable) -> None:
+        """Starts the workers on `batches` (each (B,) indices), in order, each collated by `collate`."""
+        if self.workers == 0 or not batches:
+            return
+        it = iter(make_loader(self.dataset, device=self.device, workers=self.workers,
+                              batch_sampler=[b.tolist() for b in batches], collate_fn=collate, prefetch=2))
+        self._ahead = [(b, it) for b in batches]
+
+    def take(self, idx: torch.Tensor, collate: Callable) -> Any:
+        """The batch of indices `idx` (B,): the workers' next one when it is that batch, else collated here."""
+        if self._ahead and torch.equal(self._ahead[0][0], idx):
+            _, it = self._ahead.pop(0)
+            return next(it)
+        self._ahead = []
+        return collate([self.dataset[i] for i in idx.tolist()])
 
 
 def pixel_batches(sources: Sequence[Any], transform: Callable[[Any], torch.Tensor], batches: Sequence[Sequence[int]],

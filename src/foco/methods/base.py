@@ -58,6 +58,8 @@ class MethodOption:
     record: str | None = None  # a weights folder: the file in it that records its backbone (e.g. "foco.json")
     strict: bool = True  # given for a method that is not evaluated: refused (True) or parsed and unused (False)
     val_grid: tuple[float, ...] | None = None  # "val" chooses the value on the val split over this grid
+    own_backbone: str | None = None  # a weights folder that is itself a backbone of this kind (`tat`): its
+                                     # features are those of KIND:FOLDER wherever the folder lies now
 
     def on_val(self, opts: "MethodOptions") -> bool:
         """Whether `opts` asks for this option to be chosen on the val split."""

@@ -31,8 +31,8 @@ def recorded_backbones(opts: MethodOptions) -> list[tuple[str, Path, object]]:
                                     f"the path given to {opt.flag}")
         meta = _read_record(Path(folder) / opt.record)
         recorded = (meta.get("provenance") or {}).get("backbone") or meta.get("backbone")
-        if opt.record == "tat.json" and isinstance(recorded, dict):  # a TAT folder is its own backbone, wherever it
-            recorded = {**recorded, "spec": f"tat:{Path(folder).resolve()}"}  # lies now (copied, moved): tat:FOLDER
+        if opt.own_backbone and isinstance(recorded, dict):  # copied or moved: the backbone is where it lies now
+            recorded = {**recorded, "spec": f"{opt.own_backbone}:{Path(folder).resolve()}"}
         if isinstance(recorded, dict) and not recorded.get("spec"):
             recorded = None
         if opt.record in PROVENANCE_RECORDED and "train" in meta and "provenance" not in meta:

@@ -51,7 +51,7 @@ def slerp(v: torch.Tensor, t: torch.Tensor, alpha: float, eps: float = 1e-6) -> 
 
 
 TAT = MethodOption("tat", "--tat", "a text-anchored tuning folder (`foco tat train --out`); the features must be "
-                   "extracted with --backbone tat:FOLDER", record="tat.json")
+                   "extracted with --backbone tat:FOLDER", record="tat.json", own_backbone="tat")
 
 
 class SlerpMethod(QueryMethod):

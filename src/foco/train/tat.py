@@ -19,6 +19,7 @@ tokenized there too; the frozen text tower encodes each batch's captions (nothin
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,28 +126,18 @@ class _Collate:
 
 class PairBatches:
     """The batches of image-caption pairs, prepared by `workers` DataLoader processes in the epoch's order ahead of
-    the steps (`prefetch`); with no workers, in the step."""
+    the steps (`prefetch`); with no workers, in the step (`foco.corpora.loader.AheadBatches`)."""
 
     def __init__(self, sources: Sequence[Any], captions: Sequence[str], backbone, workers: int, device):
-        self.data = _Pairs(sources, captions, backbone.image_transform())
+        from ..corpora.loader import AheadBatches
         self.collate = _Collate(backbone.text_transform())
-        self.workers, self.device = workers, device
-        self._ahead: list = []
+        self.batches = AheadBatches(_Pairs(sources, captions, backbone.image_transform()), workers, device)
 
     def prefetch(self, batches: list[torch.Tensor]) -> None:
-        if self.workers == 0 or not batches:
-            return
-        from ..corpora.loader import make_loader
-        it = iter(make_loader(self.data, device=self.device, workers=self.workers,
-                              batch_sampler=[b.tolist() for b in batches], collate_fn=self.collate, prefetch=2))
-        self._ahead = [(b, it) for b in batches]
+        self.batches.prefetch(batches, self.collate)
 
     def __call__(self, idx: torch.Tensor) -> dict:
-        if self._ahead and torch.equal(self._ahead[0][0], idx):
-            _, it = self._ahead.pop(0)
-            return next(it)
-        self._ahead = []
-        return self.collate([self.data[i] for i in idx.tolist()])
+        return self.batches.take(idx, self.collate)
 
 
 def train_tat(backbone_spec: str, sources: Sequence[Any], captions: Sequence[str], out: str | Path,
@@ -194,7 +185,6 @@ def train_tat(backbone_spec: str, sources: Sequence[Any], captions: Sequence[str
             # the scale's settings ride in the file's metadata, so the adapters' sha256 covers them too
             data_bytes = save(adapters.adapter_state(), metadata=adapter_metadata(cfg))
             atomic_write_bytes(Path(ctx.out) / ADAPTER, data_bytes)
-            import hashlib
             sha = hashlib.sha256(data_bytes).hexdigest()
             base = backbone_record(backbone)
             tuned = {"spec": f"tat:{Path(ctx.out).resolve()}",
