@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import time
 from pathlib import Path
 
 import torch
 
 from foco.backbones.world import FrozenMiniLM, WorldBackbone, WorldBackboneConfig, WorldCLIP, save_world_checkpoint
+from foco.train.loop import lr_factor
 from foco.train.world_backbone import (_clip_step, _param_groups, _world_record, encode_minilm, evaluate_backbone,
                                        load_split_arrays)
 from safetensors.torch import load_file
@@ -53,7 +53,7 @@ def main() -> None:
     opt = torch.optim.AdamW(_param_groups(model, a.weight_decay), lr=a.lr, betas=(0.9, 0.98))
     n = images.shape[0]
     per_epoch = n // a.batch_size  # the last partial batch is dropped
-    total, warm = per_epoch * a.epochs, max(1, int(a.warmup_frac * per_epoch * a.epochs))
+    total = per_epoch * a.epochs
     g = torch.Generator().manual_seed(a.seed)
     a.out.mkdir(parents=True, exist_ok=True)
     log = (a.out / "train_log.jsonl").open("w")
@@ -61,8 +61,7 @@ def main() -> None:
     for epoch in range(1, a.epochs + 1):
         order, losses = torch.randperm(n, generator=g), []
         for b in range(per_epoch):
-            lr = a.lr * (step + 1) / warm if step < warm else \
-                0.5 * a.lr * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+            lr = a.lr * lr_factor(step, total, a.warmup_frac)  # the loop's warm-up and cosine
             for group in opt.param_groups:
                 group["lr"] = lr
             with torch.autocast("cpu", dtype=torch.bfloat16):
