@@ -9,21 +9,16 @@ from .common import (add_device_arg, add_owned_output, add_precision_arg, float_
 from .resume import add_allow_changed, add_resume_args, start_or_continue
 
 
-def layer_names(v: str) -> tuple[str, ...]:
-    """argparse type: comma-separated Linear layer names (`--lora-targets`)."""
-    names = tuple(n.strip() for n in v.split(",") if n.strip())
-    if not names:
-        raise argparse.ArgumentTypeError(f"{v!r} names no layer; e.g. q_proj,v_proj")
-    return names
-
-
 def _tat_train(a: argparse.Namespace) -> int:
     from ..train.tat import TATTrainConfig, train_tat
     from ..world.generate import world_fingerprint
     from ..world.manifest import load_pairs
+    targets = tuple(t.strip() for t in a.lora_targets.split(",") if t.strip())
+    if not targets:
+        raise ValueError(f"--lora-targets {a.lora_targets!r} names no layer; e.g. q_proj,v_proj")
     pairs = load_pairs(a.world, a.split)
     cfg = TATTrainConfig(epochs=a.epochs, batch_size=a.batch_size, lr=a.lr, rank=a.lora_rank, alpha=a.lora_alpha,
-                         dropout=a.lora_dropout, targets=a.lora_targets, weight_decay=a.weight_decay,
+                         dropout=a.lora_dropout, targets=targets, weight_decay=a.weight_decay,
                          warmup_frac=a.warmup_frac,
                          logit_scale=a.logit_scale, workers=a.workers, seed=a.seed, device=a.device,
                          precision=a.precision, allow_changed=tuple(a.allow_changed))
@@ -57,7 +52,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     t.add_argument("--lora-alpha", type=lora_alpha, default=16.0, help="LoRA alpha; the update is scaled alpha / r")
     t.add_argument("--lora-dropout", type=float_in(0.0, 0.9), default=0.1,
                    help="dropout on the adapters' input (the paper's 0.1)")
-    t.add_argument("--lora-targets", type=layer_names, default=("q_proj", "v_proj"),
+    t.add_argument("--lora-targets", default="q_proj,v_proj",
                    help="comma-separated names of the image tower's Linear layers that get adapters")
     t.add_argument("--logit-scale", type=float_in(0.01, 100.0), default=1 / 0.07,
                    help="the loss's fixed logit scale (the paper's 1 / 0.07)")

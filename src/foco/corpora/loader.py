@@ -14,7 +14,7 @@ backbone's `.to(device, non_blocking=True)` copies overlap the previous batch's 
     pixel_batches  the preprocessed pixels of given batches of sources, in order, as the loader yields them
 
 Used by `foco.corpus_features` (extraction, batch by batch), `foco.train.online` (online training) and
-`foco.train.tat` (SlerpTAT's tuning).
+`foco.train.tat` (SlerpTAT's tuning, through `AheadBatches`).
 """
 from __future__ import annotations
 
@@ -146,9 +146,13 @@ class AheadBatches:
         """Starts the workers on `batches` (each (B,) indices), in order, each collated by `collate`."""
         if self.workers == 0 or not batches:
             return
-        it = iter(make_loader(self.dataset, device=self.device, workers=self.workers,
-                              batch_sampler=[b.tolist() for b in batches], collate_fn=collate, prefetch=2))
+        it = iter(self.loader(batches, collate))
         self._ahead = [(b, it) for b in batches]
+
+    def loader(self, batches: list[torch.Tensor], collate: Callable) -> torch.utils.data.DataLoader:
+        """The DataLoader of `batches` (each (B,)), in order, on the workers; pinned batches on CUDA."""
+        return make_loader(self.dataset, device=self.device, workers=self.workers,
+                           batch_sampler=[b.tolist() for b in batches], collate_fn=collate, prefetch=2)
 
     def take(self, idx: torch.Tensor, collate: Callable) -> Any:
         """The batch of indices `idx` (B,): the workers' next one when it is that batch, else collated here."""

@@ -140,8 +140,7 @@ class OnlinePairTable:
         self._data = _Samples(self.paths, self.index, backbone.image_transform())
         self._text_transform = backbone.text_transform()
         self._collator: _Collate | None = None
-        from ..corpora.loader import AheadBatches
-        self._batches = AheadBatches(self._data, workers, device)
+        self._ahead: list[tuple[torch.Tensor, object]] = []
         self.parts: list[str] = []
 
     def __len__(self) -> int:
@@ -169,13 +168,27 @@ class OnlinePairTable:
             self._collator = _Collate(self._store_path, self._sid, self.k, self._text_transform)
         return self._collator
 
+    def loader(self, batches: list[torch.Tensor]) -> torch.utils.data.DataLoader:
+        """The DataLoader of `batches` (each (B,)), in order: `workers` processes read, preprocess, look up and
+        tokenize; pinned batches on CUDA."""
+        from ..corpora.loader import make_loader
+        return make_loader(self._data, device=self.device, workers=self.workers,
+                           batch_sampler=[b.tolist() for b in batches], collate_fn=self._collate(), prefetch=2)
+
     def prefetch(self, batches: list[torch.Tensor]) -> None:
         """Starts DataLoader workers preparing this epoch's `batches` (each (B,)) in order, ahead of the steps that
-        ask for them: `workers` processes read, preprocess, look up and tokenize; pinned batches on CUDA."""
-        self._batches.prefetch(batches, self._collate())
+        ask for them."""
+        if self.workers == 0 or not batches:
+            return
+        it = iter(self.loader(batches))
+        self._ahead = [(b, it) for b in batches]
 
     def _prepared(self, idx: torch.Tensor) -> dict:
-        return self._batches.take(idx, self._collate())
+        if self._ahead and torch.equal(self._ahead[0][0], idx):
+            _, it = self._ahead.pop(0)
+            return next(it)
+        self._ahead = []
+        return self._collate()([self._data[i] for i in idx.tolist()])
 
     def batch(self, idx: torch.Tensor) -> TrainBatch:
         """Encodes images `idx` (B,) and their pairs with the frozen backbone: a `TrainBatch` on the device."""
