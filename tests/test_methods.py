@@ -31,6 +31,8 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
     Pic2WordMapper(Pic2WordConfig(image_dim=32, token_dim=world_bb.token_dim, hidden_dim=16)).save(root / "p2w")
     from foco.methods.lincir import LinCIRConfig, LinCIRPhi
     LinCIRPhi(LinCIRConfig(embed_dim=32, token_dim=world_bb.token_dim, hidden_ratio=1)).save(root / "lincir")
+    from foco.methods.searle import SEARLEConfig, SEARLEPhi
+    SEARLEPhi(SEARLEConfig(embed_dim=32, token_dim=world_bb.token_dim, hidden_ratio=1)).save(root / "searle")
     from foco.backbones.tunable import TextTuneConfig
     from foco.train.pact import build_composer
     for method, mapper in (("pact", "pic2word"), ("tscir", "vsi")):
@@ -45,6 +47,7 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
         root / "adafocal")
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco-edits", pic2word=root / "p2w", slerp_alpha=0.3,
                          pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb,
+                         searle=root / "searle",
                          adafocal=root / "adafocal", tat=root / "tat")  # slerp-tat reads no weights itself
 
 

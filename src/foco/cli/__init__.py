@@ -10,10 +10,10 @@ import sys
 
 from .bounds import apply_bounds
 from . import (ablate, adafocal, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search,
-               serve, tat, train, world)
+               searle, serve, tat, train, world)
 
-GROUPS = (world, backbone, train, pic2word, lincir, tat, adafocal, composers, evaluate, ablate, decompose, edits, quickstart,
-          search, serve)
+GROUPS = (world, backbone, train, pic2word, lincir, searle, tat, adafocal, composers, evaluate, ablate, decompose, edits,
+          quickstart, search, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -51,9 +51,13 @@ class LinCIRConfig:
 
 class LinCIRPhi(nn.Module):
     """phi: (B, D) raw embeddings -> (B, E) token embeddings; SEARLE's Phi, in the reference's layout
-    (`layers.{0,3,6}` are the linear layers), so a reference state dict loads as it is."""
+    (`layers.{0,3,6}` are the linear layers), so a reference state dict loads as it is. `SEARLEPhi` is the same
+    network under SEARLE's own record (`foco.methods.searle`): the class attributes name the files."""
 
-    def __init__(self, cfg: LinCIRConfig):
+    NAME, LABEL, WEIGHTS, CONFIG, TRAIN = "lincir", "LinCIR", WEIGHTS, CONFIG, "foco lincir train"
+    CONFIG_CLASS = LinCIRConfig
+
+    def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
         hidden = cfg.embed_dim * cfg.hidden_ratio
@@ -67,23 +71,23 @@ class LinCIRPhi(nn.Module):
     def save(self, path: str | Path, meta: dict | None = None) -> None:
         from safetensors.torch import save as st_save
         path = Path(path)
-        atomic_write_bytes(path / WEIGHTS, st_save({k: v.detach().cpu().contiguous()
-                                                    for k, v in self.state_dict().items()}))
-        atomic_write_text(path / CONFIG, json.dumps({"model": "lincir", "config": asdict(self.cfg), **(meta or {})},
-                                                    indent=2) + "\n")
+        atomic_write_bytes(path / self.WEIGHTS, st_save({k: v.detach().cpu().contiguous()
+                                                         for k, v in self.state_dict().items()}))
+        atomic_write_text(path / self.CONFIG, json.dumps({"model": self.NAME, "config": asdict(self.cfg),
+                                                          **(meta or {})}, indent=2) + "\n")
 
-    @staticmethod
-    def load(path: str | Path) -> "LinCIRPhi":
+    @classmethod
+    def load(cls, path: str | Path) -> "LinCIRPhi":
         from ..utils.io import load_tensors, load_weights
         path = Path(path)
         from ..records import built, read
-        meta = read(CONFIG, path / CONFIG)
-        if meta.get("model") != "lincir":
-            raise ValueError(f"{path / CONFIG} is not a LinCIR checkpoint config; train one with `foco lincir "
-                             "train`")
-        phi = built(path / CONFIG, lambda: LinCIRPhi(LinCIRConfig(**meta["config"])))
-        fix = "retrain it with `foco lincir train`"
-        load_weights(phi, load_tensors(path / WEIGHTS, fix), path / WEIGHTS, fix)
+        meta = read(cls.CONFIG, path / cls.CONFIG)
+        if meta.get("model") != cls.NAME:
+            raise ValueError(f"{path / cls.CONFIG} is not a {cls.LABEL} checkpoint config; train one with "
+                             f"`{cls.TRAIN}`")
+        phi = built(path / cls.CONFIG, lambda: cls(cls.CONFIG_CLASS(**meta["config"])))
+        fix = f"retrain it with `{cls.TRAIN}`"
+        load_weights(phi, load_tensors(path / cls.WEIGHTS, fix), path / cls.WEIGHTS, fix)
         return phi.eval()
 
 
@@ -96,6 +100,7 @@ class LinCIRMethod(QueryMethod):
 
     needs_text_tower = True
     options = (PHI,)
+    PHI_CLASS = LinCIRPhi  # what `from_options` loads from the folder of `options[0]` (SEARLE: its own record)
 
     def __init__(self, phi: LinCIRPhi, backbone: PseudoTokenBackbone | None = None):
         self.phi = phi.eval()
@@ -104,9 +109,10 @@ class LinCIRMethod(QueryMethod):
 
     @classmethod
     def from_options(cls, opts: MethodOptions) -> "LinCIRMethod":
-        folder = require(opts, PHI, "lincir")
-        backbone = require_backbone(opts, "lincir", "reads its query with the text tower")
-        return cls(LinCIRPhi.load(folder), backbone)
+        name = cls.PHI_CLASS.NAME
+        folder = require(opts, cls.options[0], name)
+        backbone = require_backbone(opts, name, "reads its query with the text tower")
+        return cls(cls.PHI_CLASS.load(folder), backbone)
 
     def modules(self) -> list[torch.nn.Module]:
         return [self.phi]
@@ -117,7 +123,7 @@ class LinCIRMethod(QueryMethod):
 
     def encode(self, batch: QueryBatch) -> ComposedQuery:
         if self.backbone is None:
-            raise ValueError("LinCIRMethod was built without a backbone; pass one (MethodOptions.backbone)")
+            raise ValueError(f"{type(self).__name__} was built without a backbone; pass one (MethodOptions.backbone)")
         v = mapper_input(batch.reference.global_, batch.reference.norm, "raw", "the reference features")  # (B, D)
         return self.encode_raw(v, batch.texts, self.backbone)
 

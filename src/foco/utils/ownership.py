@@ -37,6 +37,8 @@ KINDS: dict[str, tuple[str, ...]] = {
     "FoCo checkpoint": ("foco.json:model",),
     "Pic2Word mapper": ("pic2word.json:model",),
     "LinCIR phi": ("lincir.json:model",),
+    "SEARLE phi": ("searle.json:model",),
+    "SEARLE OTI tokens": ("oti.json:model", ".oti-progress.json"),
     "TAT adapters": ("tat.json:adapter_sha256",),
     "text composer (PACT, TSCIR)": ("composer.json:mapper",),
     "world backbone": ("config.json:weights_sha256",),
@@ -52,7 +54,9 @@ KINDS: dict[str, tuple[str, ...]] = {
 # that writes another name must list it here (tests/test_command_rules.py checks every trainer's folder).
 RUN_OUTPUTS = ("train_state", "train_log.jsonl", "train_steps.jsonl", "loss_curve.png", "val_curve.jsonl",
                "edit-features", "targets_check.json", "foco.json", "foco.safetensors", "pic2word.json",
-               "pic2word.safetensors", "lincir.json", "lincir.safetensors", "tat.json", "tat.safetensors",
+               "pic2word.safetensors", "lincir.json", "lincir.safetensors", "searle.json", "searle.safetensors",
+               "oti.json", "oti.safetensors", "oti.partial.safetensors", ".oti-progress.json", "phrases.json",
+               "tat.json", "tat.safetensors",
                "composer.json", "composer.safetensors", "mapper.safetensors", "text.safetensors", "adafocal.json",
                "model.safetensors", "config.json", "metrics.json", "cache", ".*.tmp")
 
