@@ -113,20 +113,22 @@ def associate(image: torch.Tensor, concept_emb: torch.Tensor, k: int = ASSOCIATE
 
 
 class PhraseBank:
-    """The phrases of each concept and their text embeddings, encoded once as they are first drawn."""
+    """The phrases of each concept and their text embeddings. A concept's phrases are encoded together the first
+    time one of them is drawn, so each embedding depends on its concept alone, never on what was drawn before (a
+    resumed run reads the same numbers)."""
 
     def __init__(self, backbone: PseudoTokenBackbone, phrases: dict[str, list[str]], device):
         self.backbone, self.phrases, self.device = backbone, phrases, device
-        self._emb: dict[str, torch.Tensor] = {}
+        self._emb: dict[str, dict[str, torch.Tensor]] = {}
 
-    def embed(self, texts: Sequence[str]) -> torch.Tensor:
-        """(B, D) normalised text embeddings of `texts`."""
-        new = sorted({t for t in texts if t not in self._emb})
-        if new:
-            with torch.no_grad():
-                f = self.backbone.encode_texts(new).global_.float()
-            self._emb.update({t: f[i].to(self.device) for i, t in enumerate(new)})
-        return torch.stack([self._emb[t] for t in texts])
+    def embed(self, texts: Sequence[str], concepts: Sequence[str]) -> torch.Tensor:
+        """(B, D) normalised text embeddings of `texts`, each a phrase of the concept beside it."""
+        for c in dict.fromkeys(concepts):
+            if c not in self._emb:
+                with torch.no_grad():
+                    f = self.backbone.encode_texts(self.phrases[c]).global_.float().to(self.device)  # (P, D)
+                self._emb[c] = {p: f[i] for i, p in reversed(list(enumerate(self.phrases[c])))}
+        return torch.stack([self._emb[c][t] for t, c in zip(texts, concepts)])
 
 
 def _draw(seq: Sequence, g: torch.Generator):
@@ -152,8 +154,9 @@ def invert_batch(v: torch.Tensor, choices: list[list[tuple[str, str]]], backbone
         oti_phrases = [p.replace(c, f" {ph} ", 1) for p, c in drawn]
         f_t = backbone.encode_texts_with_tokens(templates, tokens, ph, keep=(1, 0)).global_  # (b, D)
         f_p = backbone.encode_texts_with_tokens(oti_phrases, tokens, ph, keep=(1, 0)).global_  # (b, D)
-        loss = (cfg.lambda_cos * _cosine_loss(f_t, v) + cfg.lambda_gpt * _cosine_loss(f_p, bank.embed(
-            [p for p, _ in drawn]))) / (cfg.lambda_cos + cfg.lambda_gpt)
+        target = bank.embed([p for p, _ in drawn], [c for _, c in drawn])  # (b, D)
+        loss = (cfg.lambda_cos * _cosine_loss(f_t, v) + cfg.lambda_gpt * _cosine_loss(f_p, target)
+                ) / (cfg.lambda_cos + cfg.lambda_gpt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -328,7 +331,7 @@ def train_searle(image_raw: torch.Tensor, oti: tuple[dict, dict, dict], backbone
             regs = [_draw(phrases[c], g) for c in picked]
             dev = mine.to(env.device)
             return objective(v[dev], target[dev], [r.replace(c, " * ") for r, c in zip(regs, picked)],
-                             bank.embed(regs))
+                             bank.embed(regs, picked))
 
         def optimizer() -> torch.optim.Optimizer:
             return torch.optim.AdamW(phi.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
