@@ -140,6 +140,17 @@ def _cosine_loss(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return (1 - F.cosine_similarity(a.float(), b.float(), dim=-1)).mean()
 
 
+def oti_loss(backbone: PseudoTokenBackbone, tokens: torch.Tensor, v: torch.Tensor, templates: list[str],
+             oti_phrases: list[str], phrase_emb: torch.Tensor, cfg: OTIConfig, placeholder: str = "*"
+             ) -> torch.Tensor:
+    """OTI's loss for b tokens (b, E): `templates` and `oti_phrases` (b,) hold the placeholder (its first one reads
+    the token); v (b, D) the images' embeddings, phrase_emb (b, D) the phrases' own."""
+    f_t = backbone.encode_texts_with_tokens(templates, tokens, placeholder, keep=(1, 0)).global_  # (b, D)
+    f_p = backbone.encode_texts_with_tokens(oti_phrases, tokens, placeholder, keep=(1, 0)).global_  # (b, D)
+    return (cfg.lambda_cos * _cosine_loss(f_t, v) + cfg.lambda_gpt * _cosine_loss(f_p, phrase_emb)
+            ) / (cfg.lambda_cos + cfg.lambda_gpt)
+
+
 def invert_batch(v: torch.Tensor, choices: list[list[tuple[str, str]]], backbone: PseudoTokenBackbone,
                  bank: PhraseBank, cfg: OTIConfig, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """OTI of b images (module docstring): v (b, D) their embeddings; choices[i] the (phrase, concept) pairs image
@@ -152,11 +163,8 @@ def invert_batch(v: torch.Tensor, choices: list[list[tuple[str, str]]], backbone
         templates = [_draw(TEMPLATES, g).format(f" {ph} ") for _ in range(b)]
         drawn = [_draw(c, g) for c in choices]  # (phrase, concept) per image
         oti_phrases = [p.replace(c, f" {ph} ", 1) for p, c in drawn]
-        f_t = backbone.encode_texts_with_tokens(templates, tokens, ph, keep=(1, 0)).global_  # (b, D)
-        f_p = backbone.encode_texts_with_tokens(oti_phrases, tokens, ph, keep=(1, 0)).global_  # (b, D)
         target = bank.embed([p for p, _ in drawn], [c for _, c in drawn])  # (b, D)
-        loss = (cfg.lambda_cos * _cosine_loss(f_t, v) + cfg.lambda_gpt * _cosine_loss(f_p, target)
-                ) / (cfg.lambda_cos + cfg.lambda_gpt)
+        loss = oti_loss(backbone, tokens, v, templates, oti_phrases, target, cfg, ph)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -279,6 +287,7 @@ class SEARLEObjective(torch.nn.Module):
     def __init__(self, phi: SEARLEPhi, backbone: PseudoTokenBackbone, cfg: SEARLETrainConfig):
         super().__init__()
         self.phi, self.cfg = phi, cfg
+        self.placeholder = "*"  # the word read as phi's token (the reference check reads "$")
         self.__dict__["backbone"] = backbone
 
     def forward(self, v_raw: torch.Tensor, target: torch.Tensor, token_phrases: list[str],
@@ -287,7 +296,7 @@ class SEARLEObjective(torch.nn.Module):
         the concept replaced by *; phrase_emb (b, D) the phrases' own normalised embeddings."""
         est = self.phi(v_raw)  # (b, E)
         distil = nt_xent(target, est, self.cfg.temperature)
-        f = self.backbone.encode_texts_with_tokens(token_phrases, est, "*", keep=(1, 0)).global_  # (b, D)
+        f = self.backbone.encode_texts_with_tokens(token_phrases, est, self.placeholder, keep=(1, 0)).global_  # (b, D)
         gpt = _cosine_loss(f, phrase_emb)
         return {"loss": self.cfg.lambda_distil * distil + self.cfg.lambda_gpt * gpt, "distil": distil, "gpt": gpt}
 
