@@ -163,3 +163,16 @@ def test_a_killed_run_resumes_to_the_uninterrupted_weights(monkeypatch, tmp_path
     other = train_lincir(captions, backbone, tmp_path / "other", LinCIRTrainConfig(
         epochs=3, batch_size=6, seed=6, model=LinCIRConfig(hidden_ratio=1)), nlp=_NoRunNLP())
     assert not torch.equal(other.state_dict()["layers.0.weight"], straight.state_dict()["layers.0.weight"])
+
+
+def test_batched_keyword_runs_are_the_one_caption_runs(tiny_world):
+    """The trainer parses its captions in batches without the parser (`keyword_runs_all`); its slow twin parses one
+    caption at a time with the whole pipeline."""
+    from foco.decompose.rule import load_spacy
+    from foco.train.lincir import keyword_runs, keyword_runs_all, lincir_captions
+    nlp = load_spacy()
+    before = (list(nlp.pipe_names), list(nlp.disabled))
+    captions = [clean_caption(c) for c in lincir_captions(tiny_world, "train", add_decompositions=True)[::7]]
+    captions += ["", "the old man's dog, and a very big red ball!", "Paris in the spring"]
+    assert keyword_runs_all(nlp, captions, batch_size=16) == [keyword_runs(nlp, c) for c in captions]
+    assert (list(nlp.pipe_names), list(nlp.disabled)) == before  # the caller's pipeline is left as it was
