@@ -33,6 +33,11 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
     LinCIRPhi(LinCIRConfig(embed_dim=32, token_dim=world_bb.token_dim, hidden_ratio=1)).save(root / "lincir")
     from foco.methods.searle import SEARLEConfig, SEARLEPhi
     SEARLEPhi(SEARLEConfig(embed_dim=32, token_dim=world_bb.token_dim, hidden_ratio=1)).save(root / "searle")
+    from foco.methods.context_i2w import ContextI2WConfig, ContextI2WMapper
+    mapper = ContextI2WMapper(ContextI2WConfig(image_dim=32, context_dim=32, token_dim=world_bb.token_dim,
+                                               middle_dim=16, vt_depth=1, vt_heads=2, vt_dim_head=8))
+    torch.nn.init.constant_(mapper.local_gate, 0.7)  # as trained: the local branch is open
+    mapper.save(root / "context-i2w")
     from foco.backbones.tunable import TextTuneConfig
     from foco.train.pact import build_composer
     for method, mapper in (("pact", "pic2word"), ("tscir", "vsi")):
@@ -47,7 +52,7 @@ def options(world_bb, tmp_path_factory):  # noqa: F811
         root / "adafocal")
     return MethodOptions(checkpoint=root / "foco", foco_edits=root / "foco-edits", pic2word=root / "p2w", slerp_alpha=0.3,
                          pact=root / "pact", tscir=root / "tscir", lincir=root / "lincir", backbone=world_bb,
-                         searle=root / "searle",
+                         searle=root / "searle", context_i2w=root / "context-i2w",
                          adafocal=root / "adafocal", tat=root / "tat")  # slerp-tat reads no weights itself
 
 

@@ -10,8 +10,8 @@ world                    world.json (counts and sha256 of every manifest; `foco.
 feature cache            manifest.json; each shard's images/shard-NNNNN.json; a corpus's corpus.json
 FoCo checkpoint          foco.json (the model config; what training recorded: the backbone, the edit stage)
 search index             index.json
-trained mappers          pic2word.json, lincir.json, searle.json, composer.json (their backbone records); tat.json
-                         (SlerpTAT); oti.json (SEARLE's inverted tokens)
+trained mappers          pic2word.json, lincir.json, searle.json, context_i2w.json, composer.json (their
+                         backbone records); tat.json (SlerpTAT); oti.json (SEARLE's inverted tokens)
 decomposition / edits    SQLite stores: their tables (`foco.decompose.store.STORE_TABLES`); the runs' settings
 =======================  =====================================================================================
 """
@@ -167,14 +167,15 @@ OTI = Field("dict", fields={
 
 SCHEMAS: dict[str, Any] = {
     "foco.json": _checkpoint, "pic2word.json": lambda: _mapper("model"), "lincir.json": lambda: _mapper("model"),
-    "searle.json": lambda: _mapper("model"), "oti.json": lambda: OTI,
+    "searle.json": lambda: _mapper("model"), "context_i2w.json": lambda: _mapper("model"), "oti.json": lambda: OTI,
     "composer.json": lambda: _mapper("mapper"), "manifest.json": _cache_manifest, "shard": lambda: SHARD,
     "corpus.json": lambda: CORPUS, "index.json": _index, "world.json": lambda: WORLD,
     "config.json": lambda: WORLD_BACKBONE, "state.json": lambda: TRAINING_STATE, "tat.json": lambda: TAT}
 
 FIXES = {"foco.json": "retrain the checkpoint (`foco train`) or restore its foco.json",
          "pic2word.json": "retrain it (`foco pic2word train`)", "lincir.json": "retrain it (`foco lincir train`)",
-         "searle.json": "retrain it (`foco searle train`)", "oti.json": "run the inversion again (`foco searle oti`)",
+         "searle.json": "retrain it (`foco searle train`)",
+         "context_i2w.json": "retrain it (`foco context-i2w train`)", "oti.json": "run the inversion again (`foco searle oti`)",
          "composer.json": "retrain it", "manifest.json": "extract the features again into a new --out",
          "shard": "extract the features again into a new --out (`foco features extract`)",
          "corpus.json": "extract the corpus again into a new --out", "index.json": "build the index again into a new "

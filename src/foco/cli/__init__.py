@@ -9,11 +9,11 @@ import os
 import sys
 
 from .bounds import apply_bounds
-from . import (ablate, adafocal, backbone, composers, decompose, edits, evaluate, lincir, pic2word, quickstart, search,
-               searle, serve, tat, train, world)
+from . import (ablate, adafocal, backbone, composers, context_i2w, decompose, edits, evaluate, lincir, pic2word,
+               quickstart, search, searle, serve, tat, train, world)
 
-GROUPS = (world, backbone, train, pic2word, lincir, searle, tat, adafocal, composers, evaluate, ablate, decompose, edits,
-          quickstart, search, serve)
+GROUPS = (world, backbone, train, pic2word, lincir, searle, context_i2w, tat, adafocal, composers, evaluate, ablate,
+          decompose, edits, quickstart, search, serve)
 
 
 def build_parser() -> argparse.ArgumentParser:

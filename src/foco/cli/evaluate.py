@@ -190,7 +190,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     ev.add_argument("--force", action="store_true", help="--out may replace a file that is not a results file")
     add_owned_output(ev, dest="cache", signature=("*/manifest.json",))  # per-part caches, never a user's folder
     ev.set_defaults(func=_eval)
-    weights = {w: "weights" for w in ("checkpoint", "foco_edits", "pic2word", "lincir", "searle", "tat", "pact", "tscir", "adafocal")}
+    weights = {w: "weights" for w in ("checkpoint", "foco_edits", "pic2word", "lincir", "searle", "context_i2w", "tat", "pact", "tscir", "adafocal")}
     declare(ev, reads={"root": "benchmark root", "world": "benchmark root", "features": "feature caches",
                        "backbone": "backbone", "genecis_coco": "images", "genecis_vg": "images", **weights},
             files=("out",), folders=("submission_dir",), evaluates=("root", "split"),

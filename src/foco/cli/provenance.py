@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Callable
 
-WEIGHT_RECORDS = ("foco.json", "pic2word.json", "lincir.json", "searle.json", "composer.json", "adafocal.json")
+WEIGHT_RECORDS = ("foco.json", "pic2word.json", "lincir.json", "searle.json", "context_i2w.json", "composer.json", "adafocal.json")
 
 
 def _json(path: Path) -> dict:

@@ -24,7 +24,7 @@ READ_KINDS = ("world", "benchmark root", "feature cache", "feature caches", "wei
               "world backbone")
 
 # The weights flags of the served methods (`foco search`, `foco serve`).
-SERVED_WEIGHTS = {w: "weights" for w in ("checkpoint", "foco_edits", "pic2word", "lincir", "searle", "tat", "adafocal")}
+SERVED_WEIGHTS = {w: "weights" for w in ("checkpoint", "foco_edits", "pic2word", "lincir", "searle", "context_i2w", "tat", "adafocal")}
 
 
 @dataclass(frozen=True)

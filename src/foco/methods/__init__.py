@@ -22,6 +22,7 @@ METHODS.register("foco-edits", "foco.methods.foco:FoCoEdits")  # trained with ed
 METHODS.register("pic2word", "foco.methods.pic2word:Pic2WordMethod")
 METHODS.register("lincir", "foco.methods.lincir:LinCIRMethod")  # language-only training (issue 40)
 METHODS.register("searle", "foco.methods.searle:SEARLEMethod")  # textual inversion, OTI distilled (issue 57)
+METHODS.register("context-i2w", "foco.methods.context_i2w:ContextI2WMethod")  # patch-reading pseudo word (issue 57)
 METHODS.register("pact", "foco.methods.composer:PACTMethod")  # seeds/pact-chord.txt
 METHODS.register("tscir", "foco.methods.composer:TSCIRMethod")  # seeds/tscir-mapping-to-composing.txt
 METHODS.register("slerp", "foco.methods.slerp:SlerpMethod")

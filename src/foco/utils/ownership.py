@@ -38,6 +38,7 @@ KINDS: dict[str, tuple[str, ...]] = {
     "Pic2Word mapper": ("pic2word.json:model",),
     "LinCIR phi": ("lincir.json:model",),
     "SEARLE phi": ("searle.json:model",),
+    "Context-I2W mapper": ("context_i2w.json:model",),
     "SEARLE OTI tokens": ("oti.json:model", ".oti-progress.json"),
     "TAT adapters": ("tat.json:adapter_sha256",),
     "text composer (PACT, TSCIR)": ("composer.json:mapper",),
@@ -56,6 +57,7 @@ RUN_OUTPUTS = ("train_state", "train_log.jsonl", "train_steps.jsonl", "loss_curv
                "edit-features", "targets_check.json", "foco.json", "foco.safetensors", "pic2word.json",
                "pic2word.safetensors", "lincir.json", "lincir.safetensors", "searle.json", "searle.safetensors",
                "oti.json", "oti.safetensors", "oti.partial.safetensors", ".oti-progress.json", "phrases.json",
+               "context_i2w.json", "context_i2w.safetensors",
                "tat.json", "tat.safetensors",
                "composer.json", "composer.safetensors", "mapper.safetensors", "text.safetensors", "adafocal.json",
                "model.safetensors", "config.json", "metrics.json", "cache", ".*.tmp")
