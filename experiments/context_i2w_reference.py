@@ -30,7 +30,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 
-def _compare(model_mod, T: int, D: int, O: int, M: int, n_tokens: int, seed: int) -> float:
+def _compare(model_mod, T: int, D: int, O: int, M: int, n_tokens: int, seed: int, perturb: str | None = None
+             ) -> float:
     from foco.methods.context_i2w import ContextI2WConfig, ContextI2WMapper
     torch.manual_seed(seed)
     ref = model_mod.IM2TEXT_OWM_Attn(transformer_width=T, vision_width=D, embed_dim=O, middle_dim=M, output_dim=O,
@@ -42,6 +43,9 @@ def _compare(model_mod, T: int, D: int, O: int, M: int, n_tokens: int, seed: int
         ref.local_gate.fill_(0.7)
     ours = ContextI2WMapper(ContextI2WConfig(image_dim=D, context_dim=T, token_dim=O, middle_dim=M))
     ours.load_state_dict(ContextI2WMapper.reference_keys(ref.state_dict()))
+    if perturb is not None:  # the negative control: one weight of the local branch moved by 0.05
+        with torch.no_grad():
+            dict(ours.named_parameters())[perturb].view(-1)[0] += 0.05
     c, x = torch.randn(4, T) * 2, torch.randn(4, n_tokens, D)
     with torch.no_grad():
         want, got = ref.eval()(c, x), ours.eval()(c, x)
@@ -67,7 +71,11 @@ def main() -> None:
     large = _compare(model_mod, T=768, D=1024, O=768, M=512, n_tokens=257, seed=1)
     report["mapper_max_rel_diff"] = {"small (T=O=32, D=48, 16 patches)": small,
                                      "ViT-L/14 sizes (T=O=768, D=1024, 256 patches)": large}
-    ok &= small < 1e-5 and large < 1e-5
+    ok &= small < 1e-6 and large < 1e-6
+    control = _compare(model_mod, T=32, D=48, O=32, M=40, n_tokens=1 + 16, seed=0,
+                       perturb="VT_Extractor.layers.5.0.to_q.weight")
+    report["negative_control_rel_diff"] = control  # a check that can fail: one VT weight moved by 0.05
+    ok &= control > 1e-4
 
     scale = torch.tensor(100.0)
     v, t = F.normalize(torch.randn(64, 768), dim=-1), F.normalize(torch.randn(64, 768), dim=-1)
