@@ -154,6 +154,8 @@ def _writing_commands(world, feats, ro):
                         "world:pretrained", "--out", ro / "i"],
         "pic2word train": ["pic2word", "train", "--features", feats, "--out", ro / "p"],
         "lincir train": ["lincir", "train", "--world", world, "--backbone", "world:pretrained", "--out", ro / "l"],
+        "searle oti": ["searle", "oti", "--features", feats, "--out", ro / "so"],
+        "context-i2w train": ["context-i2w", "train", "--features", feats, "--world", world, "--out", ro / "c"],
         "backbone train": ["backbone", "train", "--world", world, "--out", ro / "b"],
         "edits generate": ["edits", "generate", "--in", world, "--out", ro / "e.sqlite"],
         "quickstart": ["quickstart", "--out", ro / "q", "--size", "tiny"],

@@ -501,13 +501,18 @@ def _restart_argv(name: str, fx: dict, out: Path) -> list:
                          "--max-steps", "1", "--batch-size", "8", "--device", "cpu"],
         "tscir": lambda: ["tscir", "train", "--features", f(), "--edits", fx["stores"] / "e.sqlite", "--out", out,
                           "--max-steps", "1", "--batch-size", "8", "--device", "cpu"],
+        "context-i2w": lambda: ["context-i2w", "train", "--features", f(), "--world", w(), "--out", out, "--epochs",
+                                "1", "--batch-size", "256", "--device", "cpu"],
+        "searle-oti": lambda: ["searle", "oti", "--features", f(), "--out", out, "--images", "4", "--oti-steps", "1",
+                               "--batch-size", "4", "--device", "cpu"],
     }
     return build[name]()
 
 
 _RESTART_NEEDS = {"train": ("train_features", "tiny_world"), "pic2word": ("train_features",),
                   "lincir": ("small_world", "bb_spec"), "backbone": ("small_world",), "adafocal": ("oac",),
-                  "pact": ("train_features", "stores"), "tscir": ("train_features", "stores")}
+                  "pact": ("train_features", "stores"), "tscir": ("train_features", "stores"),
+                  "context-i2w": ("train_features", "tiny_world"), "searle-oti": ("train_features",)}
 
 
 def _fx(request, names) -> dict:
