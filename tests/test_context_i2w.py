@@ -75,14 +75,20 @@ def test_the_gate_starts_closed_and_the_context_rotates_the_tokens(tmp_path):
 
 
 @pytest.mark.slow
-def test_train_with_ad_from_the_cli_then_eval(tiny_world, train_features, eval_features, tmp_path, capsys):
+def test_train_from_the_cli_then_eval(tiny_world, small_world, train_features, eval_features, tmp_path,
+                                             capsys):
     out, res = tmp_path / "ci", tmp_path / "r.json"
+    # the features of another world are refused before any work: the ids would name other images
+    assert main(["context-i2w", "train", "--features", str(train_features), "--world", str(small_world), "--out",
+                 str(tmp_path / "other")]) == 2
+    assert "holds features of world" in capsys.readouterr().err
     assert main(["context-i2w", "train", "--features", str(train_features), "--world", str(tiny_world), "--out",
-                 str(out), "--epochs", "1", "--batch-size", "64", "--warmup-steps", "2",
-                 "--add-decompositions"]) == 0
+                 str(out), "--epochs", "1", "--batch-size", "256", "--warmup-steps", "2"]) == 0
     meta = json.loads((out / "context_i2w.json").read_text())
-    assert meta["model"] == "context-i2w" and meta["added_decompositions"]
-    assert meta["pairs"] == len(context_pairs(tiny_world, add_decompositions=True)[0]) > 600
+    assert meta["model"] == "context-i2w" and not meta["added_decompositions"] and meta["pairs"] == 600
+    from foco.cli import build_parser  # the +AD flag reaches the trainer (its pairs: the test above)
+    assert build_parser().parse_args(["context-i2w", "train", "--features", "f", "--world", "w", "--out", "o",
+                                      "--add-decompositions"]).add_decompositions
     assert meta["config"]["image_dim"] == meta["config"]["context_dim"]  # the joint space, both
     capsys.readouterr()
     assert main(["eval", "--world", str(tiny_world), "--features", str(eval_features), "--protocols", "single",

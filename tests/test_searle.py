@@ -70,15 +70,15 @@ def test_oti_inverts_and_a_killed_run_resumes_to_the_same_tokens(train_features,
     from foco.features import FeatureCache
     from foco.train import searle
     backbone = create_backbone(FeatureCache(train_features).manifest["backbone"])
-    images = FeatureCache(train_features).images(patches=False)[1].global_[:6]  # (6, D)
+    images = FeatureCache(train_features).images(patches=False)[1].global_[:5]  # (5, D)
     concepts = ("circle", "red circle", "star", "beach")
     phrases = concept_phrases(concepts, per_concept=8)
-    cfg = OTIConfig(steps=30, batch_size=4, top_k=2, save_every=1)
+    cfg = OTIConfig(steps=12, batch_size=4, top_k=2, save_every=1)
     rec = run_oti(images, backbone, concepts, phrases, tmp_path / "a", cfg, show_progress=False)
-    assert rec["images"] == 6 and rec["backbone"] == backbone.spec
+    assert rec["images"] == 5 and rec["backbone"] == backbone.spec
     done = searle.read_oti(tmp_path / "a")[1]
-    assert done["rows"].tolist() == list(range(6)) and done["concepts"].shape == (6, 4)
-    init = torch.randn(6, backbone.token_dim, generator=torch.Generator().manual_seed(9)) * 0.02
+    assert done["rows"].tolist() == list(range(5)) and done["concepts"].shape == (5, 4)
+    init = torch.randn(5, backbone.token_dim, generator=torch.Generator().manual_seed(9)) * 0.02
     with torch.no_grad():
         assert _cos(backbone, done["tokens"], images) > _cos(backbone, init, images) + 0.05
     real, calls = searle.invert_batch, []
@@ -107,14 +107,14 @@ def test_oti_inverts_and_a_killed_run_resumes_to_the_same_tokens(train_features,
 @pytest.mark.slow
 def test_both_stages_from_the_cli_then_eval(tiny_world, train_features, eval_features, tmp_path, capsys):
     oti, phi, res = tmp_path / "oti", tmp_path / "phi", tmp_path / "r.json"
-    assert main(["searle", "oti", "--features", str(train_features), "--out", str(oti), "--images", "8",
-                 "--oti-steps", "3", "--batch-size", "4"]) == 0
+    assert main(["searle", "oti", "--features", str(train_features), "--out", str(oti), "--images", "4",
+                 "--oti-steps", "2", "--batch-size", "4"]) == 0
     rec = json.loads((oti / "oti.json").read_text())
-    assert rec["images"] == 8 and len(rec["concepts"]) == 138 and rec["settings"]["steps"] == 3
+    assert rec["images"] == 4 and len(rec["concepts"]) == 138 and rec["settings"]["steps"] == 2
     assert main(["searle", "train", "--features", str(train_features), "--oti", str(oti), "--out", str(phi),
-                 "--epochs", "2", "--batch-size", "8"]) == 0
+                 "--epochs", "2", "--batch-size", "4"]) == 0
     meta = json.loads((phi / "searle.json").read_text())
-    assert meta["model"] == "searle" and meta["images"] == 8 and meta["train"]["temperature"] == 0.25
+    assert meta["model"] == "searle" and meta["images"] == 4 and meta["train"]["temperature"] == 0.25
     log = [json.loads(line) for line in (phi / "train_log.jsonl").read_text().splitlines()]
     assert {"loss", "distil", "gpt"} <= set(log[-1])
     capsys.readouterr()

@@ -97,13 +97,14 @@ def nt_xent(v1: torch.Tensor, v2: torch.Tensor, temperature: float) -> torch.Ten
     return F.cross_entropy(logits, positives)
 
 
-def concept_embeddings(backbone, concepts: Sequence[str]) -> torch.Tensor:
-    """(C, D): each concept's template ensemble, normalised (image_concepts_association.py)."""
-    out = []
-    for c in concepts:
-        f = backbone.encode_texts([t.format(f" {c} ") for t in TEMPLATES]).global_  # (24, D), normalised
-        out.append(F.normalize(f.float().mean(0), dim=-1))
-    return torch.stack(out)
+def concept_embeddings(backbone, concepts: Sequence[str], batch: int = 256) -> torch.Tensor:
+    """(C, D): each concept's template ensemble, normalised (image_concepts_association.py); the C x 24 texts are
+    encoded `batch` at a time."""
+    texts = [t.format(f" {c} ") for c in concepts for t in TEMPLATES]
+    with torch.no_grad():
+        f = torch.cat([backbone.encode_texts(texts[i:i + batch]).global_.float()
+                       for i in range(0, len(texts), batch)])  # (C * 24, D), normalised
+    return F.normalize(f.view(len(concepts), len(TEMPLATES), -1).mean(1), dim=-1)
 
 
 def associate(image: torch.Tensor, concept_emb: torch.Tensor, k: int = ASSOCIATED) -> torch.Tensor:
@@ -113,22 +114,28 @@ def associate(image: torch.Tensor, concept_emb: torch.Tensor, k: int = ASSOCIATE
 
 
 class PhraseBank:
-    """The phrases of each concept and their text embeddings. A concept's phrases are encoded together the first
-    time one of them is drawn, so each embedding depends on its concept alone, never on what was drawn before (a
-    resumed run reads the same numbers)."""
+    """The phrases of each concept and their text embeddings. Phrases are encoded in fixed chunks of `chunk` (the
+    chunk of a concept's phrase list that holds the drawn phrase) the first time one of them is drawn, so each
+    embedding depends on its concept's list alone, never on what was drawn before (a resumed run reads the same
+    numbers), and a short run encodes only what it draws."""
 
-    def __init__(self, backbone: PseudoTokenBackbone, phrases: dict[str, list[str]], device):
-        self.backbone, self.phrases, self.device = backbone, phrases, device
-        self._emb: dict[str, dict[str, torch.Tensor]] = {}
+    def __init__(self, backbone: PseudoTokenBackbone, phrases: dict[str, list[str]], device, chunk: int = 16):
+        self.backbone, self.phrases, self.device, self.chunk = backbone, phrases, device, chunk
+        self._index = {c: {p: i for i, p in reversed(list(enumerate(ps)))} for c, ps in phrases.items()}
+        self._emb: dict[tuple[str, int], torch.Tensor] = {}  # (concept, chunk) -> (chunk, D)
 
     def embed(self, texts: Sequence[str], concepts: Sequence[str]) -> torch.Tensor:
         """(B, D) normalised text embeddings of `texts`, each a phrase of the concept beside it."""
-        for c in dict.fromkeys(concepts):
-            if c not in self._emb:
+        out = []
+        for t, c in zip(texts, concepts):
+            i = self._index[c][t]
+            key = (c, i // self.chunk)
+            if key not in self._emb:
+                part = self.phrases[c][key[1] * self.chunk:(key[1] + 1) * self.chunk]
                 with torch.no_grad():
-                    f = self.backbone.encode_texts(self.phrases[c]).global_.float().to(self.device)  # (P, D)
-                self._emb[c] = {p: f[i] for i, p in reversed(list(enumerate(self.phrases[c])))}
-        return torch.stack([self._emb[c][t] for t, c in zip(texts, concepts)])
+                    self._emb[key] = self.backbone.encode_texts(part).global_.float().to(self.device)
+            out.append(self._emb[key][i % self.chunk])
+        return torch.stack(out)
 
 
 def _draw(seq: Sequence, g: torch.Generator):
