@@ -55,7 +55,8 @@ def main() -> None:
     base = a.run / "issue57-baselines.json"
     if not base.is_file():
         assert foco(["eval", "--benchmark", "world", "--root", str(a.run / "world"), "--split", "test", "--protocols",
-                     ",".join(PROTOCOLS), "--methods", "image,text,sum", "--out", str(base)]) == 0
+                     ",".join(PROTOCOLS), "--methods", "image,text,sum", "--backbone", "world:vit", "--out",
+                     str(base)]) == 0
     parts = json.loads(base.read_text())["parts"]
     rows: dict[str, list[dict]] = {m: [{p: parts[f"world/{p}"]["methods"][m]["R@1"] for p in PROTOCOLS}]
                                    for m in ("image", "text", "sum")}
