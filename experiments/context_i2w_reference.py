@@ -14,7 +14,7 @@ Runs the reference's own module, imported from the checkout's model/model.py (no
 2. the loss: trainer.py's get_loss_img2text_replace_token without the gather (logit_scale * v t^T, cross-entropy
    both ways, halved) against `foco.train.pic2word.pic2word_loss` at temperature 1 / logit_scale.
 3. the optimiser's groups: main.py's exclusion by name (bn, ln, bias, logit_scale) over the reference module's
-   parameter names against `foco.train.context_i2w.no_decay`.
+   parameters against the no-decay group of foco's `make_optimizer`, named back in the reference's layout.
 Prints and writes a JSON report; exits 1 when a check fails.
 """
 from __future__ import annotations
@@ -89,9 +89,20 @@ def main() -> None:
     ref = model_mod.IM2TEXT_OWM_Attn(transformer_width=32, vision_width=48, embed_dim=32, middle_dim=40,
                                      output_dim=32, n_layer=2)
     exclude = lambda n: "bn" in n or "ln" in n or "bias" in n or "logit_scale" in n  # noqa: E731  (main.py's)
-    names = [n for n, _ in ref.named_parameters()]
-    report["no_decay_same"] = all(exclude(n) == no_decay(n) for n in names)
-    report["no_decay_parameters"] = sorted(n for n in names if exclude(n))
+    from foco.methods.context_i2w import ContextI2WConfig, ContextI2WMapper
+    from foco.train.context_i2w import ContextI2WTrainConfig, make_optimizer
+    ours = ContextI2WMapper(ContextI2WConfig(image_dim=48, context_dim=32, token_dim=32, middle_dim=40))
+    ours.load_state_dict(ContextI2WMapper.reference_keys(ref.state_dict()))
+    refs = dict(ref.named_parameters())
+    want = {n for n in refs if exclude(n)}
+    opt = make_optimizer(ours, ContextI2WTrainConfig())
+    name_of = {id(p): n for n, p in ours.named_parameters()}
+    back = {"W_R.parametrizations.weight.original0": "W_R.weight_g",
+            "W_R.parametrizations.weight.original1": "W_R.weight_v"}
+    got = {back.get(name_of[id(p)], name_of[id(p)]) for g in opt.param_groups if g["weight_decay"] == 0
+           for p in g["params"]}  # foco's optimiser's no-decay group, in the reference's names
+    report["no_decay_same"] = got == want and len(want) > 0
+    report["no_decay_parameters"] = sorted(want)
     ok &= report["no_decay_same"]
 
     report["defaults_that_differ"] = [

@@ -124,7 +124,10 @@ def main() -> None:
     with torch.no_grad():
         d = (ref.eval()(x) - ours.eval()(x)).abs().max().item()
     report["phi_max_abs_diff"] = d
-    ok &= d < 1e-4
+    with torch.no_grad():  # the negative control: one weight of ours moved by 0.05, the check must see it
+        ours.layers[3].weight[0, 0] += 0.05
+        report["phi_negative_control"] = (ref(x) - ours(x)).abs().max().item()
+    ok &= d < 1e-4 and report["phi_negative_control"] > 1e-3
 
     # 2. the distillation loss
     v1, v2 = torch.randn(256, 768), torch.randn(256, 768) * 2

@@ -74,6 +74,15 @@ def test_the_gate_starts_closed_and_the_context_rotates_the_tokens(tmp_path):
     assert no_decay("ln_post.weight") and no_decay("fc_out.bias") and not no_decay("VT_Extractor.norm.weight")
 
 
+def test_the_warm_up_is_exactly_the_steps_asked():
+    from foco.train.loop import lr_factor
+    for steps in range(1, 400, 7):
+        for warm in range(0, steps + 3):
+            frac = (warm + 0.5) / steps  # what train_context_i2w gives the loop
+            got = next((s for s in range(steps) if lr_factor(s, steps, frac) >= 1.0 - 1e-12), steps)
+            assert got == max(1, warm) - 1 or warm > steps, (steps, warm, got)
+
+
 @pytest.mark.slow
 def test_train_from_the_cli_then_eval(tiny_world, small_world, train_features, eval_features, tmp_path,
                                              capsys):

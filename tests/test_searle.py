@@ -102,6 +102,23 @@ def test_oti_inverts_and_a_killed_run_resumes_to_the_same_tokens(train_features,
     for key in ("tokens", "ema", "rows", "concepts"):
         assert torch.equal(again[key], done[key]), key
     assert not (tmp_path / "b" / ".oti-progress.json").exists()
+    # a finished folder is reused only for the same images, backbone and settings; a killed run likewise resumes
+    # only on the images it began with (else two sets of images would mix)
+    with pytest.raises(ValueError, match="other images"):
+        run_oti(images.flip(0), backbone, concepts, phrases, tmp_path / "b", cfg, resume=True, show_progress=False)
+    with pytest.raises(ValueError, match="steps"):
+        run_oti(images, backbone, concepts, phrases, tmp_path / "b", OTIConfig(steps=5, batch_size=4, top_k=2),
+                resume=True, show_progress=False)
+    monkeypatch.setattr(searle, "invert_batch", dies_on_the_second)
+    calls.clear()
+    with pytest.raises(KeyboardInterrupt):
+        run_oti(images, backbone, concepts, phrases, tmp_path / "c", cfg, show_progress=False)
+    monkeypatch.setattr(searle, "invert_batch", real)
+    with pytest.raises(ValueError, match="other images"):
+        run_oti(images.flip(0), backbone, concepts, phrases, tmp_path / "c", cfg, resume=True, show_progress=False)
+    (tmp_path / "b" / "oti.safetensors").write_bytes(b"not tensors")
+    with pytest.raises(ValueError, match="oti.safetensors"):
+        searle.read_oti(tmp_path / "b")
 
 
 @pytest.mark.slow

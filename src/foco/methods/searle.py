@@ -14,7 +14,7 @@ Two stages, both with the backbone frozen:
 At query time SEARLE is LinCIR's query (phi is the same network: Linear(D, 4D), GELU, Dropout(0.5), Linear(4D, 4D),
 GELU, Dropout(0.5), Linear(4D, E)): the text embedding of "a photo of * that {modification}" with * = phi(raw v),
 validate.py's template with foco's placeholder "*" for the reference's "$". `experiments/searle_reference.py` checks
-phi, the losses and the concept rules against the reference code.
+phi, the losses, the templates and the pseudo-token text path against the reference code.
 """
 from __future__ import annotations
 

@@ -146,8 +146,9 @@ def train_context_i2w(cache_ids: Sequence[str], images, pair_ids: Sequence[str],
             return objective(c_all[mine].to(env.device), x.to(env.device), images.global_[r].to(env.device), env)
 
         M, B = len(pair_ids), min(cfg.batch_size, len(pair_ids))
+        # the loop warms up int(steps * frac) steps: + 0.5 keeps exactly `warmup_steps`
         steps = (M // B) * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, (M // B) * cfg.epochs)
-        loop = LoopConfig(M, B, warmup_frac=cfg.warmup_steps / max(1, steps), grad_clip=0.0,
+        loop = LoopConfig(M, B, warmup_frac=(cfg.warmup_steps + 0.5) / max(1, steps), grad_clip=0.0,
                           max_steps=cfg.max_steps, name="Context-I2W", identity={"backbone": backbone.spec},
                           settings=settings_of(cfg), allow_changed=frozenset(cfg.allow_changed))
         return Plan(mapper, [Phase(cfg.epochs, lambda: make_optimizer(mapper, cfg), step,

@@ -205,26 +205,31 @@ def run_oti(image_global: torch.Tensor, backbone: PseudoTokenBackbone, concepts:
     inverted cache rows; concepts (n, K), each image's associated concepts), phrases.json and oti.json. Saves the
     tokens every `save_every` batches; `resume=True` continues a killed run (its settings must match). Returns the
     record."""
-    from safetensors.torch import load_file, save
+    from safetensors.torch import save
     from ..utils.progress import Bar
     from ..world.phrases import usable_concepts
     cfg = cfg if cfg is not None else OTIConfig()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     device = torch.device(cfg.device or "cpu")
+    from ..utils.io import read_json
     settings = {k: v for k, v in asdict(cfg).items() if k not in ("device", "save_every")}
+    images_sha = _sha256(image_global)  # what is inverted: a run continued or reused must read the same images
     progress_file = out / ".oti-progress.json"
     if progress_file.exists() or (out / OTI_RECORD).exists():
         if not resume:
             raise FileExistsError(f"{out} holds an OTI run; continue it (rerun the command; --restart starts over) "
                                   "or choose another --out")
-        if (out / OTI_RECORD).exists():
-            return json.loads((out / OTI_RECORD).read_text())
-        saved = json.loads(progress_file.read_text())
-        if saved["settings"] != settings or saved["backbone"] != backbone.spec:
-            changed = sorted(k for k in settings if saved["settings"].get(k) != settings[k])
-            raise ValueError(f"{out} holds an OTI run with other settings ({', '.join(changed) or 'backbone'}); "
-                             "rerun it with the settings it began with, or --restart")
+        finished = (out / OTI_RECORD).exists()
+        saved = read_json(out / OTI_RECORD if finished else progress_file)
+        changed = sorted(k for k in settings if saved.get("settings", {}).get(k) != settings[k])
+        changed += [k for k, v in (("backbone", backbone.spec), ("images", images_sha))
+                    if saved.get("backbone" if k == "backbone" else "images_sha256") != v]
+        if changed:
+            raise ValueError(f"{out} holds an OTI run of other {', '.join(changed)}; rerun it with what it began "
+                             "with (its features, backbone and settings), or --restart")
+        if finished:
+            return saved
     rows = oti_rows(image_global.shape[0], cfg.images, cfg.seed)  # (n,)
     v = image_global[rows].float()  # (n, D)
     assoc = associate(v, concept_embeddings(backbone, concepts))  # (n, K)
@@ -233,10 +238,12 @@ def run_oti(image_global: torch.Tensor, backbone: PseudoTokenBackbone, concepts:
     n, E = len(rows), backbone.token_dim
     tokens, ema, done = torch.zeros(n, E), torch.zeros(n, E), 0
     if resume and (out / OTI_PARTIAL).exists():
-        part = load_file(str(out / OTI_PARTIAL))
-        done = int(json.loads(progress_file.read_text())["done"])
+        from ..utils.io import load_tensors
+        part = load_tensors(out / OTI_PARTIAL, "remove the folder's OTI files, or --restart")
+        done = int(read_json(progress_file)["done"])
         tokens[:done], ema[:done] = part["tokens"][:done], part["ema"][:done]
-    atomic_write_text(progress_file, json.dumps({"settings": settings, "backbone": backbone.spec, "done": done}))
+    atomic_write_text(progress_file, json.dumps({"settings": settings, "backbone": backbone.spec, "images_sha256": images_sha,
+                                                   "done": done}))
     bank = PhraseBank(backbone, phrases, device)
     B = cfg.batch_size
     batches = list(range(0, n, B))
@@ -252,16 +259,21 @@ def run_oti(image_global: torch.Tensor, backbone: PseudoTokenBackbone, concepts:
                 done = min(start + B, n)
                 atomic_write_bytes(out / OTI_PARTIAL, save({"tokens": tokens, "ema": ema}))
                 atomic_write_text(progress_file, json.dumps({"settings": settings, "backbone": backbone.spec,
-                                                              "done": done}))
+                                                              "images_sha256": images_sha, "done": done}))
     atomic_write_bytes(out / OTI_TOKENS, save({"tokens": tokens, "ema": ema, "rows": rows,
                                                "concepts": assoc.to(torch.int64)}))
     atomic_write_text(out / OTI_PHRASES, json.dumps(phrases) + "\n")
     record = {"model": "searle-oti", "backbone": backbone.spec, "images": n, "concepts": list(concepts),
-              "settings": settings, **(meta or {})}
+              "settings": settings, "images_sha256": images_sha, **(meta or {})}
     atomic_write_text(out / OTI_RECORD, json.dumps(record, indent=2) + "\n")
     (out / OTI_PARTIAL).unlink(missing_ok=True)
     progress_file.unlink(missing_ok=True)
     return record
+
+
+def _sha256(t: torch.Tensor) -> str:
+    import hashlib
+    return hashlib.sha256(t.detach().float().cpu().contiguous().numpy().tobytes()).hexdigest()
 
 
 def _quiet():
@@ -271,7 +283,7 @@ def _quiet():
 
 def read_oti(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, list[str]]]:
     """(record, tensors, phrases) of a finished OTI folder; anything missing is refused by name."""
-    from safetensors.torch import load_file
+    from ..utils.io import load_tensors, read_json
     folder = Path(folder)
     for name in (OTI_RECORD, OTI_TOKENS, OTI_PHRASES):
         if not (folder / name).is_file():
@@ -279,8 +291,11 @@ def read_oti(folder: str | Path) -> tuple[dict, dict[str, torch.Tensor], dict[st
                                     " (rerun that command to finish it)")
     from ..records import read
     record = read(OTI_RECORD, folder / OTI_RECORD)
-    tensors = load_file(str(folder / OTI_TOKENS))
-    phrases = json.loads((folder / OTI_PHRASES).read_text())
+    fix = "run `foco searle oti` again into a new --out"
+    tensors = load_tensors(folder / OTI_TOKENS, fix)
+    phrases = read_json(folder / OTI_PHRASES)
+    if not isinstance(phrases, dict) or not all(isinstance(v, list) and v for v in phrases.values()):
+        raise ValueError(f"{folder / OTI_PHRASES} is not a concept -> phrases map; {fix}")
     n = int(record["images"])
     for key, shape in (("tokens", 2), ("ema", 2), ("rows", 1), ("concepts", 2)):
         if key not in tensors or tensors[key].ndim != shape or tensors[key].shape[0] != n:
@@ -332,6 +347,9 @@ def train_searle(image_raw: torch.Tensor, oti: tuple[dict, dict, dict], backbone
     if any(not c for c in choices):
         raise ValueError(f"an image has no usable concept among its {cfg.top_k} most similar")
     rows = tensors["rows"].long()
+    if int(rows.max()) >= image_raw.shape[0] or int(rows.min()) < 0:
+        raise ValueError(f"the OTI tokens name image row {int(rows.max())} of a cache of {image_raw.shape[0]}: give "
+                         "the feature cache OTI inverted")
 
     def build(env: RunContext) -> Plan:
         g = torch.Generator().manual_seed(cfg.seed)  # concepts and phrases drawn per step; saved on resume
@@ -354,7 +372,8 @@ def train_searle(image_raw: torch.Tensor, oti: tuple[dict, dict, dict], backbone
 
         n, B = len(rows), min(cfg.batch_size, len(rows))
         loop = LoopConfig(n, B, warmup_frac=0.0, grad_clip=0.0, max_steps=cfg.max_steps, name="SEARLE",
-                          schedule="constant", identity={"backbone": backbone.spec}, settings=settings_of(cfg),
+                          schedule="constant", identity={"backbone": backbone.spec,
+                                                         "oti_sha256": _sha256(tensors["ema"])}, settings=settings_of(cfg),
                           allow_changed=frozenset(cfg.allow_changed))
         return Plan(phi, [Phase(cfg.epochs, optimizer, step)], loop, lambda history: phi.save(
             env.out, {"backbone": backbone.spec, "images": n, **recorded_settings(history), **(meta or {})}),
