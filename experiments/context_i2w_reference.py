@@ -60,7 +60,6 @@ def main() -> None:
     a = ap.parse_args()
     sys.path.insert(0, str(a.reference / "model"))
     import model as model_mod
-    from foco.train.context_i2w import no_decay
     from foco.train.pic2word import pic2word_loss
     report, ok = {}, True
     head = subprocess.run(["git", "-C", str(a.reference), "rev-parse", "HEAD"], capture_output=True,

@@ -31,7 +31,6 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 
 def _import_reference(root: Path):
@@ -50,20 +49,10 @@ def _import_reference(root: Path):
     return phi_mod, utils, ewpt
 
 
-def _bytes_to_unicode() -> dict[int, str]:
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs)))
-
-
 def _tiny_clip(folder: Path) -> None:
     """A random transformers CLIP with a byte-level CLIP tokenizer ("$</w>" is id 259; EOT the largest id)."""
     from transformers import CLIPConfig, CLIPImageProcessorPil, CLIPModel, CLIPProcessor, CLIPTokenizer
+    from bench_scale import _bytes_to_unicode  # CLIP's byte-level alphabet (experiments/bench_scale.py)
     chars = list(_bytes_to_unicode().values())
     vocab = {t: i for i, t in enumerate(dict.fromkeys(chars + [c + "</w>" for c in chars] +
                                                       ["<|startoftext|>", "<|endoftext|>"]))}

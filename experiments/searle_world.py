@@ -19,21 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 from pathlib import Path
 
-from foco.cli import main as foco
+from slerptat_world import _run  # one runner of foco commands for the issue-57 experiments
 
 PROTOCOLS = ("single", "described", "restaged")
-
-
-def _run(args: list) -> float:
-    args = [str(a) for a in args]
-    t0 = time.time()
-    if foco(args) != 0:
-        raise SystemExit(f"foco {' '.join(args)} failed")
-    print(f"[{time.time() - t0:.0f} s] foco {' '.join(args[:3])} ...", flush=True)
-    return time.time() - t0
 
 
 def main() -> None:

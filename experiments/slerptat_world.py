@@ -27,12 +27,14 @@ RECIPES = {"paper": [], "long": ["--epochs", "10"]}
 PROTOCOLS = ("single", "described", "restaged")
 
 
-def _run(args: list) -> None:
+def _run(args: list) -> float:
+    """Runs one foco command in this process; exits naming it on failure. Returns its seconds."""
     args = [str(a) for a in args]
     t0 = time.time()
     if foco(args) != 0:
         raise SystemExit(f"foco {' '.join(args)} failed")
     print(f"[{time.time() - t0:.0f} s] foco {' '.join(args[:3])} ...", flush=True)
+    return time.time() - t0
 
 
 def _evaluate(run: Path, out: Path, method: str, extra: list) -> dict:

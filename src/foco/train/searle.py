@@ -187,14 +187,12 @@ def oti_rows(n: int, images: int | None, seed: int) -> torch.Tensor:
     return torch.randperm(n, generator=torch.Generator().manual_seed(seed))[:images].sort().values
 
 
-def _usable_choices(assoc: torch.Tensor, concepts: Sequence[str], usable: set[str], phrases: dict[str, list[str]],
-                    top_k: int) -> list[list[tuple[str, str]]]:
-    out = []
-    for row in assoc.tolist():
-        kept = [concepts[j] for j in row[:top_k] if concepts[j] in usable]
-        if not kept:
-            raise ValueError(f"an image has no usable concept among its {top_k} most similar")
-        out.append([(p, c) for c in kept for p in phrases[c]])
+def image_concepts(assoc: torch.Tensor, concepts: Sequence[str], usable: set[str], top_k: int) -> list[list[str]]:
+    """Each image's usable concepts among its `top_k` most similar (`assoc` (N, K) concept indices, most similar
+    first); an image with none is refused."""
+    out = [[concepts[j] for j in row[:top_k] if concepts[j] in usable] for row in assoc.tolist()]
+    if any(not kept for kept in out):
+        raise ValueError(f"an image has no usable concept among its {top_k} most similar")
     return out
 
 
@@ -234,7 +232,8 @@ def run_oti(image_global: torch.Tensor, backbone: PseudoTokenBackbone, concepts:
     v = image_global[rows].float()  # (n, D)
     assoc = associate(v, concept_embeddings(backbone, concepts))  # (n, K)
     usable = usable_concepts(phrases, "*")
-    choices = _usable_choices(assoc, concepts, usable, phrases, cfg.top_k)
+    choices = [[(p, c) for c in kept for p in phrases[c]]
+               for kept in image_concepts(assoc, concepts, usable, cfg.top_k)]  # (phrase, concept) per image
     n, E = len(rows), backbone.token_dim
     tokens, ema, done = torch.zeros(n, E), torch.zeros(n, E), 0
     if resume and (out / OTI_PARTIAL).exists():
@@ -343,9 +342,7 @@ def train_searle(image_raw: torch.Tensor, oti: tuple[dict, dict, dict], backbone
     from ..world.phrases import usable_concepts
     concepts = record["concepts"]
     usable = usable_concepts(phrases, "*")
-    choices = [[concepts[j] for j in row[:cfg.top_k] if concepts[j] in usable] for row in tensors["concepts"].tolist()]
-    if any(not c for c in choices):
-        raise ValueError(f"an image has no usable concept among its {cfg.top_k} most similar")
+    choices = image_concepts(tensors["concepts"], concepts, usable, cfg.top_k)
     rows = tensors["rows"].long()
     if int(rows.max()) >= image_raw.shape[0] or int(rows.min()) < 0:
         raise ValueError(f"the OTI tokens name image row {int(rows.max())} of a cache of {image_raw.shape[0]}: give "
